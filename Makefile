@@ -1,0 +1,61 @@
+# The project's commands. `make help` lists them. Everything runs in ./.venv, created on demand.
+PYTHON ?= python3
+VENV ?= .venv
+PRESET ?= small
+SET ?=
+PY := $(VENV)/bin/python
+AIAYN := $(VENV)/bin/aiayn
+STAMP := $(VENV)/.installed
+SETS := $(foreach s,$(SET),--set $(s))
+ARGS := --preset $(PRESET) $(SETS)
+
+.DEFAULT_GOAL := help
+.PHONY: help install system-deps train data vocab fit evaluate export serve translate test test-fast bench clean
+
+help: ## List the targets, one line each.
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "  Variables: PRESET=tiny|small|base|big (default small), SET='train.steps=100 decode.beam_size=1'"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install the project with its test dependencies.
+
+system-deps: ## Install the Debian packages of the default corpus (SWORD Bibles, mod2imp).
+	@bash pipeline/scripts/install_system_deps.sh
+
+train: $(STAMP) system-deps ## The main job: data -> vocab -> train -> evaluate -> export (PRESET=small).
+	$(AIAYN) run $(ARGS)
+
+data: $(STAMP) system-deps ## Build train/dev/test TSVs and the data report from the default corpus.
+	$(AIAYN) data $(ARGS)
+
+vocab: $(STAMP) ## Train the joint SentencePiece vocabulary on the training split.
+	$(AIAYN) vocab $(ARGS)
+
+fit: $(STAMP) ## Train only (resumes an interrupted run).
+	$(AIAYN) train $(ARGS)
+
+evaluate: $(STAMP) ## Score the run on the test books with sacreBLEU.
+	$(AIAYN) evaluate $(ARGS) --split test
+
+export: $(STAMP) ## Write the versioned serving SavedModel.
+	$(AIAYN) export $(ARGS)
+
+serve: $(STAMP) ## Serve the export (TF Serving if installed, else the development server).
+	$(AIAYN) serve $(ARGS)
+
+test: $(STAMP) ## Run the whole test suite (unit + slow integration tests).
+	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP) ## Run the fast unit tests only.
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: $(STAMP) ## Run the bench/ scripts (each ends with one JSON line).
+	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean: ## Remove build outputs (keeps .venv, data and runs).
+	rm -rf build dist *.egg-info .pytest_cache
