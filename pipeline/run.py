@@ -1,0 +1,126 @@
+"""`make train` / `aiayn run`: the whole job, stage by stage, with a closing summary.
+
+    data -> vocab -> train (+ checkpoint averaging) -> evaluate (dev, test) -> export
+
+Each stage is the same library call as its own subcommand; a re-run skips what is already done
+(the data stage keeps unchanged outputs, training resumes from its backup).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from aiayn.pipeline import config as config_lib
+from aiayn.pipeline.errors import UserInputError
+
+STAGES = ("data", "vocab", "train", "evaluate", "export")
+
+
+def _banner(text: str) -> None:
+    print(f"\n=== {text} ===", flush=True)
+
+
+def _parse_stages(stages: str | Sequence[str]) -> list[str]:
+    names = [s.strip() for s in stages.split(",")] if isinstance(stages, str) else list(stages)
+    unknown = [s for s in names if s not in STAGES]
+    if unknown or not names:
+        raise UserInputError(
+            f"Unknown stage(s) {unknown or names}: valid stages are {', '.join(STAGES)} "
+            "(comma-separated, e.g. --stages data,vocab).")
+    return names
+
+
+def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dict[str, Any]:
+    """Runs the selected stages in order and writes `<run_dir>/summary.json`.
+
+    Args:
+      cfg: the resolved configuration.
+      stages: names from `STAGES`, in the order to run (a comma-separated string or a list).
+
+    Returns:
+      The summary dict (also printed as a table and written to the run directory).
+
+    Raises:
+      UserInputError: an unknown stage name, or a stage's own input error.
+    """
+    names = _parse_stages(stages)
+    start = time.time()
+    summary: dict[str, Any] = {"preset": cfg.preset, "stages": names,
+                               "host": f"{platform.node()} ({os.cpu_count()} CPUs)"}
+    run_dir = Path(cfg.train.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_lib.write_config(cfg, run_dir / "config.yaml")
+
+    for name in names:
+        stage_start = time.time()
+        _banner(f"{name} ({cfg.preset or 'default'} preset)")
+        if name == "data":
+            from aiayn.pipeline import corpus
+            summary["data"] = corpus.prepare_data(cfg)
+        elif name == "vocab":
+            from aiayn.pipeline import vocab
+            summary["vocab"] = str(vocab.train_vocab(cfg))
+        elif name == "train":
+            from aiayn.pipeline import train
+            summary["train"] = train.train(cfg)
+        elif name == "evaluate":
+            from aiayn.pipeline import evaluate
+            summary["dev"] = evaluate.evaluate_run(cfg, split="dev")
+            summary["test"] = evaluate.evaluate_run(cfg, split="test")
+        elif name == "export":
+            from aiayn.pipeline import publish
+            summary["export"] = str(publish.export_run(cfg))
+        summary.setdefault("stage_seconds", {})[name] = round(time.time() - stage_start, 1)
+        print(f"--- {name} done in {time.time() - stage_start:.0f} s", flush=True)
+
+    summary["wall_seconds"] = round(time.time() - start, 1)
+    _write_json(run_dir / "summary.json", summary)
+    print_summary(summary)
+    return {"summary": str(run_dir / "summary.json")}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _score_line(report: dict[str, Any] | None) -> str:
+    if not report:
+        return "-"
+    return (f"BLEU {report.get('bleu', float('nan')):.2f}  chrF {report.get('chrf', float('nan')):.2f}"
+            f"   [{report.get('bleu_signature', '')}]")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Prints the closing summary of a run as a readable block."""
+    _banner("summary")
+    train = summary.get("train") or {}
+    rows = [
+        ("preset", summary.get("preset")),
+        ("wall time", f"{summary.get('wall_seconds', 0) / 60:.1f} min "
+                      f"(stages: {summary.get('stage_seconds')})"),
+        ("host", summary.get("host")),
+    ]
+    if train:
+        rows += [("steps", train.get("steps")),
+                 ("target tokens/s", train.get("tokens_per_second")),
+                 ("final weights", train.get("final_weights"))]
+    if "dev" in summary:
+        rows.append(("dev", _score_line(summary.get("dev"))))
+    if "test" in summary:
+        rows.append(("test", _score_line(summary.get("test"))))
+    if "export" in summary:
+        rows.append(("export", summary["export"]))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+    samples = (summary.get("test") or {}).get("samples") or []
+    for sample in samples[:3]:
+        print(f"\n  source:     {sample.get('source')}\n  reference:  {sample.get('reference')}"
+              f"\n  hypothesis: {sample.get('hypothesis')}")
