@@ -1,0 +1,481 @@
+"""The serving SavedModel: strings in, translations out, with everything in between in-graph.
+
+Signatures (the contract in docs/CONTRACTS.md and ARCHITECTURE.md):
+
+    serving_default   text: tf.string [None]  ->  translation: tf.string [None]
+                                                  score:       tf.float32 [None]
+    n_best            text: tf.string [None]  ->  translations: tf.string [None, n_best]
+                                                  scores:       tf.float32 [None, n_best]
+                                                  truncated:    tf.bool [None]
+
+Inside the graph: UTF-8 validation, SentencePiece tokenisation (``tensorflow_text``, linked into
+the stock ``tensorflow_model_server``), truncation or rejection of over-long inputs, the encoder,
+cached beam search (``model.generate``) and detokenisation. Outputs are dense (TF Serving cannot
+return ragged tensors) and the input is a batch (``[None]``), so the server's batcher can merge
+requests. Empty or whitespace-only strings translate to the empty string with score 0.
+
+On disk, the TF Serving layout::
+
+    <base_dir>/models.config                 model_config_list for tensorflow_model_server
+    <base_dir>/batching_parameters.txt       --batching_parameters_file
+    <base_dir>/<model_name>/<version>/       saved_model.pb, variables/, assets/
+        assets.extra/tf_serving_warmup_requests   PredictionLog TFRecord (one per length bucket)
+        assets.extra/config.yaml                  the resolved run configuration
+        assets.extra/spm.model                    the SentencePiece model
+        assets.extra/eval_scores.json             evaluation scores, when given
+        assets.extra/verify_samples.json          in-process outputs the verifier compares with
+
+A version is written into a temporary sibling directory (``.tmp-...``; TF Serving only looks at
+integer names) and renamed into place, so a watching server never sees a partial version and an
+interrupted export leaves no version directory.
+
+Example::
+
+    export_dir = export_saved_model(model, tokenizer, "exports", "translate",
+                                    options=ServingOptions(beam_size=4, n_best=4))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+SERVING_SIGNATURE = "serving_default"
+NBEST_SIGNATURE = "n_best"
+INPUT_KEY = "text"
+WARMUP_FILE = "tf_serving_warmup_requests"
+SAMPLES_FILE = "verify_samples.json"
+MODELS_CONFIG = "models.config"
+BATCHING_FILE = "batching_parameters.txt"
+_VERSION_RE = re.compile(r"^[0-9]+$")
+_ON_LONG_INPUT = ("truncate", "reject")
+
+# Sentences the verifier and tests translate: ordinary, empty, whitespace-only and non-ASCII.
+DEFAULT_SAMPLE_TEXTS = (
+    "In the beginning was the word.",
+    "",
+    "   ",
+    "And the light shineth in darkness; and the darkness comprehended it not.",
+    "Señor, ¿qué es la verdad?",
+)
+
+
+class ExportError(ValueError):
+    """The export cannot be written as asked (bad option, version already present, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingOptions:
+    """Search and input-limit settings baked into the exported graph.
+
+    Attributes:
+      beam_size: beams for both signatures (1 = greedy search).
+      length_penalty: alpha of the GNMT length penalty (paper §6.1: 0.6).
+      max_extra_length: generated tokens allowed beyond the input length (paper: +50).
+      n_best: hypotheses returned by the ``n_best`` signature (<= beam_size).
+      max_input_tokens: subword tokens kept per input; longer inputs are truncated or rejected.
+      on_long_input: ``"truncate"`` or ``"reject"`` (an in-graph assertion, INVALID_ARGUMENT).
+      max_batch_size: the largest batch a server should accept (batching config, dev server).
+    """
+
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    max_extra_length: int = 50
+    n_best: int = 4
+    max_input_tokens: int = 256
+    on_long_input: str = "truncate"
+    max_batch_size: int = 64
+
+    def __post_init__(self):
+        if self.on_long_input not in _ON_LONG_INPUT:
+            raise ExportError(f"`on_long_input` must be one of {', '.join(_ON_LONG_INPUT)}; "
+                              f"got {self.on_long_input!r}.")
+        for name in ("beam_size", "n_best", "max_input_tokens", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ExportError(f"`{name}` must be at least 1; got {getattr(self, name)}.")
+        if self.n_best > self.beam_size:
+            raise ExportError(f"`n_best` ({self.n_best}) cannot exceed `beam_size` "
+                              f"({self.beam_size}).")
+
+    @classmethod
+    def from_configs(cls, decode: Any, export: Any) -> "ServingOptions":
+        """Builds options from the ``decode`` and ``export`` config sections (duck-typed)."""
+        return cls(beam_size=decode.beam_size, length_penalty=decode.length_penalty,
+                   max_extra_length=decode.max_extra_length, n_best=decode.n_best,
+                   max_input_tokens=export.max_input_tokens, on_long_input=export.on_long_input,
+                   max_batch_size=export.max_batch_size)
+
+
+def _input_limit(model: Any, options: ServingOptions) -> int:
+    """Tokens kept per input: the configured limit, capped so that positions stay in range."""
+    max_position = getattr(model, "max_position", None)
+    limit = options.max_input_tokens
+    if max_position:
+        # The decoder runs up to input + max_extra_length (+ BOS) positions.
+        limit = min(limit, int(max_position) - options.max_extra_length - 1)
+    if limit < 1:
+        raise ExportError(
+            f"`max_input_tokens`={options.max_input_tokens} leaves no room: the model has "
+            f"max_position={max_position} and decoding adds max_extra_length="
+            f"{options.max_extra_length}. Raise model.max_position or lower "
+            "decode.max_extra_length.")
+    return limit
+
+
+class Translator(tf.Module):
+    """Wraps a ``Transformer`` and a ``SubwordTokenizer`` as string-to-string graph functions.
+
+    The same object is what the SavedModel stores and what in-process translation calls, so the
+    exported graph and the Python path cannot drift.
+
+    Args:
+      model: a built ``aiayn.models.transformer.Transformer`` (anything with ``generate``).
+      tokenizer: an ``aiayn.models.tokenizer.SubwordTokenizer``.
+      options: :class:`ServingOptions`.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, options: ServingOptions):
+        super().__init__(name="translator")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.options = options
+        self.input_limit = _input_limit(model, options)
+        spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
+        self.serve = tf.function(self._serve, input_signature=spec)
+        self.serve_n_best = tf.function(self._serve_n_best, input_signature=spec)
+
+    # -- featurisation -------------------------------------------------------------------------
+    def _encode(self, text: tf.Tensor):
+        """Text (batch,) -> encoder ids (batch, src_len), mask, empty (batch,), truncated."""
+        tok = self.tokenizer
+        # Invalid UTF-8 changes under a lenient transcode; reject it with a clear message rather
+        # than translating replacement characters.
+        repaired = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                                replacement_char=0xFFFD)
+        valid = tf.equal(repaired, text)
+        check_utf8 = tf.debugging.Assert(
+            tf.reduce_all(valid),
+            ["Input `text` must be valid UTF-8. Invalid element(s) at batch index:",
+             tf.reshape(tf.where(tf.logical_not(valid)), [-1])],
+            name="check_utf8")
+        with tf.control_dependencies([check_utf8]):
+            text = tf.identity(text)
+        limit = self.input_limit
+        # The tokenizer's own source featuriser (shared with training and evaluation), asked for
+        # one token more than the limit so that over-long inputs can be told apart.
+        ids, mask = tok.featurize_source(text, limit + 1)  # (batch, src_len <= limit + 1)
+        ids = tf.cast(ids, tf.int32)
+        raw_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)  # (batch,)
+        truncated = raw_lengths > limit
+        if self.options.on_long_input == "reject":
+            check_len = tf.debugging.assert_less_equal(
+                raw_lengths, tf.constant(limit, tf.int32),
+                message=(f"Input text is too long: the model accepts at most {limit} subword "
+                         "tokens per sentence (export.max_input_tokens). Split the text into "
+                         "sentences, or re-export with export.on_long_input=truncate. "
+                         f"Token counts per input (capped at {limit + 1}):"),
+                summarize=64, name="check_input_length")
+            with tf.control_dependencies([check_len]):
+                ids = tf.identity(ids)
+        ids, mask = ids[:, :limit], mask[:, :limit]  # (batch, src_len <= limit)
+        # Empty or whitespace-only inputs get a lone EOS so that no row is all padding (attention
+        # over no keys); their output is replaced by "" afterwards.
+        empty = tf.logical_or(tf.equal(tf.strings.strip(text), ""),
+                              tf.equal(raw_lengths, 0))  # (batch,)
+        grow = tf.maximum(1 - tf.shape(ids)[1], 0)  # a width of at least one column
+        ids = tf.pad(ids, [[0, 0], [0, grow]], constant_values=tok.pad_id)  # (batch, src_len)
+        mask = tf.pad(mask, [[0, 0], [0, grow]], constant_values=False)
+        batch = tf.shape(text)[0]
+        first_id = tf.where(empty, tf.fill([batch], tf.constant(tok.eos_id, tf.int32)),
+                            ids[:, 0])
+        first_mask = tf.logical_or(empty, mask[:, 0])
+        ids = tf.concat([first_id[:, None], ids[:, 1:]], axis=1)  # (batch, src_len)
+        mask = tf.concat([first_mask[:, None], mask[:, 1:]], axis=1)  # (batch, src_len)
+        return ids, mask, empty, truncated
+
+    def _generate(self, text: tf.Tensor, n_best: int):
+        ids, mask, empty, truncated = self._encode(text)
+        out = self.model.generate(
+            ids, mask, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
+            beam_size=self.options.beam_size, length_penalty=self.options.length_penalty,
+            max_extra_length=self.options.max_extra_length, n_best=n_best)
+        token_ids = tf.convert_to_tensor(out["token_ids"])  # (batch, n_best, out_len)
+        scores = tf.cast(tf.convert_to_tensor(out["scores"]), tf.float32)  # (batch, n_best)
+        batch = tf.shape(token_ids)[0]
+        flat = tf.reshape(token_ids, [batch * n_best, -1])  # (batch * n_best, out_len)
+        texts = tf.reshape(self.tokenizer.detokenize(flat), [batch, n_best])  # (batch, n_best)
+        texts = tf.where(empty[:, None], tf.constant("", tf.string), texts)
+        scores = tf.where(empty[:, None], tf.zeros_like(scores), scores)
+        return texts, scores, truncated
+
+    # -- signatures ----------------------------------------------------------------------------
+    def _serve(self, text):
+        texts, scores, _ = self._generate(text, n_best=1)
+        return {"translation": tf.reshape(texts, [-1]), "score": tf.reshape(scores, [-1])}
+
+    def _serve_n_best(self, text):
+        texts, scores, truncated = self._generate(text, n_best=self.options.n_best)
+        return {"translations": texts, "scores": scores, "truncated": truncated}
+
+    def translate(self, texts: Sequence[str], n_best: bool = False) -> dict[str, np.ndarray]:
+        """In-process translation through the very functions that get exported."""
+        fn = self.serve_n_best if n_best else self.serve
+        out = fn(tf.constant(list(texts), tf.string))
+        return {k: v.numpy() for k, v in out.items()}
+
+
+# -- layout helpers ----------------------------------------------------------------------------
+def list_versions(model_dir: str | os.PathLike) -> list[int]:
+    """Integer version directories under ``<base_dir>/<model_name>``, ascending."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir()
+                  if p.is_dir() and _VERSION_RE.match(p.name))
+
+
+def latest_export(base_dir: str | os.PathLike, model_name: str) -> Path:
+    """The highest version directory of ``model_name``, or ExportError naming what is missing."""
+    model_dir = Path(base_dir) / model_name
+    versions = list_versions(model_dir)
+    if not versions:
+        raise ExportError(f"No exported version under {model_dir} (expected integer "
+                          "directories such as 1/). Run `aiayn export` first.")
+    return model_dir / str(versions[-1])
+
+
+def _atomic_write(path: Path, data: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def models_config_text(base_dir: str | os.PathLike, model_names: Iterable[str]) -> str:
+    """``model_config_list`` text proto for ``tensorflow_model_server --model_config_file``."""
+    base = Path(base_dir).resolve()
+    entries = []
+    for name in sorted(set(model_names)):
+        entries.append(
+            "  config {\n"
+            f"    name: \"{name}\"\n"
+            f"    base_path: \"{base / name}\"\n"
+            "    model_platform: \"tensorflow\"\n"
+            "    model_version_policy { latest { num_versions: 1 } }\n"
+            "  }\n")
+    return "model_config_list {\n" + "".join(entries) + "}\n"
+
+
+def batching_parameters_text(max_batch_size: int, batch_timeout_micros: int = 5000,
+                             num_batch_threads: int | None = None) -> str:
+    """``--batching_parameters_file`` text proto (BatchingParameters)."""
+    threads = num_batch_threads or max(1, min(8, os.cpu_count() or 1))
+    return (f"max_batch_size {{ value: {max_batch_size} }}\n"
+            f"batch_timeout_micros {{ value: {batch_timeout_micros} }}\n"
+            "max_enqueued_batches { value: 100 }\n"
+            f"num_batch_threads {{ value: {threads} }}\n"
+            "pad_variable_length_inputs: false\n")
+
+
+def model_server_command(base_dir: str | os.PathLike, grpc_port: int = 8500,
+                         rest_port: int = 8501) -> list[str]:
+    """The ``tensorflow_model_server`` command line for an export base directory."""
+    base = Path(base_dir).resolve()
+    return ["tensorflow_model_server", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+            f"--model_config_file={base / MODELS_CONFIG}",
+            "--model_config_file_poll_wait_seconds=60",
+            "--file_system_poll_wait_seconds=5",
+            "--enable_batching=true", f"--batching_parameters_file={base / BATCHING_FILE}",
+            "--enable_model_warmup=true"]
+
+
+def write_server_configs(base_dir: str | os.PathLike, model_name: str,
+                         max_batch_size: int) -> tuple[Path, Path]:
+    """Writes ``models.config`` (every model under base_dir) and ``batching_parameters.txt``."""
+    base = Path(base_dir)
+    names = {p.name for p in base.iterdir() if p.is_dir() and list_versions(p)} | {model_name}
+    config = base / MODELS_CONFIG
+    batching = base / BATCHING_FILE
+    _atomic_write(config, models_config_text(base, names))
+    _atomic_write(batching, batching_parameters_text(max_batch_size))
+    return config, batching
+
+
+# -- warmup ------------------------------------------------------------------------------------
+def _text_of_length(tokenizer: Any, n_tokens: int, offset: int) -> str:
+    """A deterministic sentence of about ``n_tokens`` subword pieces of the vocabulary."""
+    specials = {tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id}
+    ordinary = [i for i in range(min(tokenizer.vocabulary_size, 4096)) if i not in specials]
+    ids = [ordinary[(offset + 7 * k) % len(ordinary)] for k in range(max(n_tokens, 1))]
+    text = tokenizer.detokenize(tf.ragged.constant([ids], dtype=tf.int32))
+    return text.numpy()[0].decode("utf-8", errors="replace")
+
+
+def warmup_texts(tokenizer: Any, bucket_boundaries: Sequence[int], limit: int) -> list[str]:
+    """One sentence per length bucket (capped at the input limit)."""
+    lengths = sorted({min(b, limit) for b in bucket_boundaries} | {min(4, limit)})
+    return [_text_of_length(tokenizer, n, offset=i) for i, n in enumerate(lengths)]
+
+
+def write_warmup_requests(path: str | os.PathLike, model_name: str, texts: Sequence[str],
+                          batch_sizes: Sequence[int] = (1, 8), n_best_texts: int = 1) -> int:
+    """Writes PredictionLog records (PredictRequests) TF Serving replays before serving.
+
+    Args:
+      path: ``assets.extra/tf_serving_warmup_requests``.
+      model_name: the servable name in each request's ModelSpec.
+      texts: one text per length bucket; each becomes a request per batch size.
+      batch_sizes: batch sizes to warm (the batcher pads to these shapes).
+      n_best_texts: how many of the texts also warm the ``n_best`` signature.
+
+    Returns:
+      The number of records written (TF Serving reads at most 1000).
+    """
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    count = 0
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        def emit(signature: str, batch: list[str]) -> None:
+            nonlocal count
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.model_spec.signature_name = signature
+            request.inputs[INPUT_KEY].CopyFrom(
+                tf.make_tensor_proto([t.encode("utf-8") for t in batch], dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+            count += 1
+
+        for text in texts:
+            for size in batch_sizes:
+                emit(SERVING_SIGNATURE, [text] * size)
+        for text in texts[:n_best_texts]:
+            emit(NBEST_SIGNATURE, [text])
+    return count
+
+
+def read_warmup_requests(path: str | os.PathLike) -> list[Any]:
+    """Parses the warmup file back into PredictionLog protos (for tests and the verifier)."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    logs = []
+    for record in tf.data.TFRecordDataset(str(path)):
+        log = prediction_log_pb2.PredictionLog()
+        log.ParseFromString(record.numpy())
+        logs.append(log)
+    return logs
+
+
+# -- the export --------------------------------------------------------------------------------
+def _next_version(model_dir: Path, requested: int) -> int:
+    existing = list_versions(model_dir)
+    if requested < 0:
+        raise ExportError(f"`export.version` must be 0 (next) or a positive integer; "
+                          f"got {requested}.")
+    if requested == 0:
+        return (existing[-1] + 1) if existing else 1
+    if requested in existing:
+        raise ExportError(f"Version {requested} already exists in {model_dir}; versions are "
+                          "immutable. Set export.version=0 for the next one "
+                          f"({existing[-1] + 1}).")
+    return requested
+
+
+def _jsonable(outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    out = {}
+    for key, value in outputs.items():
+        if value.dtype == object:
+            out[key] = np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(value).tolist()
+        else:
+            out[key] = value.tolist()
+    return out
+
+
+def export_saved_model(model: Any, tokenizer: Any, base_dir: str | os.PathLike,
+                       model_name: str, *, options: ServingOptions | None = None,
+                       version: int = 0, config_yaml: str | None = None,
+                       eval_scores: Mapping[str, Any] | None = None,
+                       bucket_boundaries: Sequence[int] = (8, 16, 32, 64, 128),
+                       sample_texts: Sequence[str] = DEFAULT_SAMPLE_TEXTS,
+                       before_publish: Callable[[Path], None] | None = None) -> Path:
+    """Writes ``<base_dir>/<model_name>/<version>/`` atomically and the server configs beside it.
+
+    Args:
+      model: a built Transformer with trained weights.
+      tokenizer: the SubwordTokenizer the model was trained with.
+      base_dir: the directory TF Serving watches (holds one folder per model name).
+      model_name: servable name, e.g. ``"translate"``.
+      options: :class:`ServingOptions` (defaults: beam 4, n-best 4, truncate at 256 tokens).
+      version: integer version; 0 takes the next after the highest existing one.
+      config_yaml: the resolved run configuration as YAML text (-> ``assets.extra/config.yaml``).
+      eval_scores: evaluation scores (-> ``assets.extra/eval_scores.json``).
+      bucket_boundaries: token lengths the warmup requests cover.
+      sample_texts: sentences translated in-process and stored for the verifier.
+      before_publish: called with the complete temporary directory before it is renamed into
+        place (e.g. the verifier); if it raises, nothing is published.
+
+    Returns:
+      The final version directory.
+
+    Raises:
+      ExportError: an invalid option, or ``version`` already exists.
+    """
+    options = options or ServingOptions()
+    if not re.match(r"^[A-Za-z0-9_.\-]+$", model_name or ""):
+        raise ExportError(f"Model name {model_name!r} must use letters, digits, '_', '-', '.'.")
+    model_dir = Path(base_dir) / model_name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    version = _next_version(model_dir, int(version))
+    final = model_dir / str(version)
+    tmp = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
+    translator = Translator(model, tokenizer, options)
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        archive.track(tokenizer)
+        archive.add_endpoint(SERVING_SIGNATURE, translator.serve)
+        archive.add_endpoint(NBEST_SIGNATURE, translator.serve_n_best)
+        archive.write_out(str(tmp), verbose=False)
+
+        extra = tmp / "assets.extra"
+        extra.mkdir(exist_ok=True)
+        texts = warmup_texts(tokenizer, bucket_boundaries, translator.input_limit)
+        write_warmup_requests(extra / WARMUP_FILE, model_name, texts,
+                              batch_sizes=sorted({1, min(8, options.max_batch_size)}))
+        if config_yaml is not None:
+            (extra / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        (extra / "spm.model").write_bytes(bytes(tokenizer.model_proto))
+        if eval_scores is not None:
+            (extra / "eval_scores.json").write_text(
+                json.dumps(dict(eval_scores), indent=2, default=str), encoding="utf-8")
+        samples = list(sample_texts)
+        (extra / SAMPLES_FILE).write_text(json.dumps({
+            "texts": samples,
+            SERVING_SIGNATURE: _jsonable(translator.translate(samples)),
+            NBEST_SIGNATURE: _jsonable(translator.translate(samples, n_best=True)),
+            "options": dataclasses.asdict(options),
+            "input_limit": translator.input_limit,
+        }, indent=2, ensure_ascii=False), encoding="utf-8")
+        if before_publish is not None:
+            before_publish(tmp)
+        os.rename(tmp, final)  # atomic on one filesystem; a server never sees a partial version
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    write_server_configs(base_dir, model_name, options.max_batch_size)
+    return final

@@ -1,0 +1,202 @@
+"""Multi-head scaled dot-product attention (§3.2) with a static-shape key/value cache.
+
+Cache contract (written once; every cached call in ``aiayn.models`` follows it). Shape letters:
+
+    B  batch size (for beam search: batch_size * beam_size, beams of one sentence adjacent)
+    L  cache length = the longest decoded sequence (static inside the decoding loop)
+    S  source length (encoder positions)
+    T  number of new query positions in one call (1 when decoding token by token)
+    H  num_heads
+    D  head_dim = hidden_dim // num_heads
+
+* Self-attention cache of one layer: a tuple ``(key_cache, value_cache)``, each ``(B, L, H, D)``
+  in the compute dtype, zeros at first. A cached call with ``cache_index = i`` writes the keys
+  and values of its ``T`` new positions at ``[:, i:i+T]`` with ``keras.ops.slice_update`` (in
+  place under XLA: a dynamic-update-slice, never a concatenation, so shapes never change) and
+  attends over all ``L`` slots; the caller's ``attention_mask`` (``(B, T, L)``, broadcastable)
+  hides the slots that are not yet written (``position > i + t``).
+* Cross-attention cache of one layer: ``(key, value)``, each ``(B, S, H, D)``, projected once
+  from the encoder outputs by :meth:`MultiHeadAttention.project_key_value`; never updated.
+* The decoder keeps one such tuple per layer, in a tuple over layers (see ``decoder.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from aiayn.models.masks import mask_value
+
+
+def _split_heads(x, num_heads, head_dim):
+    # (B, T, H * D) -> (B, T, H, D); a reshape only, no transpose.
+    return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], num_heads, head_dim))
+
+
+@keras.saving.register_keras_serializable(package="aiayn")
+class MultiHeadAttention(keras.layers.Layer):
+    """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`` (§3.2.2), written with keras.ops.
+
+    Self-attention uses one fused ``(hidden_dim, 3 * hidden_dim)`` projection for Q, K and V;
+    cross-attention one for Q and one fused ``(hidden_dim, 2 * hidden_dim)`` for K and V.
+    Scores are scaled by ``1/sqrt(d_k)`` (§3.2.1, applied to Q before the product, which keeps
+    float16 scores small), masked with a dtype-aware large negative, and softmaxed in float32.
+
+    Args:
+      hidden_dim: d_model (input and output width).
+      num_heads: h; must divide ``hidden_dim`` (d_k = d_v = hidden_dim / h).
+      dropout: dropout rate on the attention weights.
+      self_attention: True for self-attention (fused QKV); False for encoder-decoder attention.
+      use_bias: add biases to the projections.
+
+    Call args:
+      query: ``(batch_size, query_len, hidden_dim)``.
+      value: ``(batch_size, key_len, hidden_dim)``; must be None for self-attention.
+      attention_mask: bool broadcastable to ``(batch_size, query_len, key_len)``, True where
+        attention is allowed; None attends everywhere.
+      training: enables attention dropout.
+
+    Returns:
+      ``(batch_size, query_len, hidden_dim)``. :meth:`call_with_weights` also returns the
+      float32 weights ``(batch_size, num_heads, query_len, key_len)``; :meth:`call_cached`
+      returns ``(output, cache)`` (see the module docstring).
+
+    Raises:
+      ValueError: ``num_heads`` does not divide ``hidden_dim``.
+
+    Example:
+      >>> mha = MultiHeadAttention(hidden_dim=16, num_heads=2)
+      >>> y = mha(keras.random.normal((2, 5, 16)), attention_mask=mask)  # (2, 5, 16)
+    """
+
+    def __init__(self, hidden_dim, num_heads, dropout=0.0, self_attention=True, use_bias=True,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if num_heads < 1 or hidden_dim % num_heads:
+            raise ValueError(
+                "`num_heads` must divide `hidden_dim`. Received: "
+                f"hidden_dim={hidden_dim}, num_heads={num_heads}. Fix: choose num_heads among "
+                f"the divisors of {hidden_dim} (the paper: 512 / 8 = 64 per head)."
+            )
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.self_attention = self_attention
+        self.use_bias = use_bias
+        self.head_dim = hidden_dim // num_heads
+        dense = dict(use_bias=use_bias, kernel_initializer="glorot_uniform",
+                     dtype=self.dtype_policy)
+        if self_attention:
+            self.qkv_dense = keras.layers.Dense(3 * hidden_dim, name="qkv", **dense)
+        else:
+            self.query_dense = keras.layers.Dense(hidden_dim, name="query", **dense)
+            self.key_value_dense = keras.layers.Dense(2 * hidden_dim, name="key_value", **dense)
+        self.output_dense = keras.layers.Dense(hidden_dim, name="output", **dense)
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy,
+                                                  name="attention_dropout")
+
+    def build(self, query_shape=None, value_shape=None):
+        width = (None, None, self.hidden_dim)
+        if self.self_attention:
+            self.qkv_dense.build(width)
+        else:
+            self.query_dense.build(width)
+            self.key_value_dense.build(width)
+        self.output_dense.build(width)
+        self.built = True
+
+    # -- projections -------------------------------------------------------------------------
+    def _project_qkv(self, query):
+        """``(B, T, hidden)`` -> q, k, v each ``(B, T, H, D)`` from one fused matmul."""
+        qkv = self.qkv_dense(query)  # (B, T, 3 * hidden)
+        q, k, v = ops.split(qkv, 3, axis=-1)  # 3 x (B, T, hidden)
+        return tuple(_split_heads(t, self.num_heads, self.head_dim) for t in (q, k, v))
+
+    def project_key_value(self, value):
+        """Encoder outputs ``(B, S, hidden)`` -> ``(key, value)`` each ``(B, S, H, D)``.
+
+        Used once per sentence to build the cross-attention cache.
+        """
+        if self.self_attention:
+            raise ValueError("`project_key_value` is for cross-attention layers "
+                             "(self_attention=False).")
+        kv = self.key_value_dense(value)  # (B, S, 2 * hidden)
+        k, v = ops.split(kv, 2, axis=-1)  # 2 x (B, S, hidden)
+        return (_split_heads(k, self.num_heads, self.head_dim),
+                _split_heads(v, self.num_heads, self.head_dim))
+
+    def _project_query(self, query):
+        return _split_heads(self.query_dense(query), self.num_heads, self.head_dim)
+
+    # -- scaled dot-product attention (§3.2.1) -------------------------------------------------
+    def _attend(self, q, k, v, attention_mask, training):
+        """q ``(B, T, H, D)``, k and v ``(B, S, H, D)`` -> ``(B, T, hidden)``, weights f32."""
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        scores = ops.einsum("bthd,bshd->bhts", q, k)  # (B, H, T, S)
+        scores = ops.cast(scores, "float32")  # softmax in float32 (numerical stability)
+        if attention_mask is not None:
+            mask = ops.cast(attention_mask, "bool")
+            if len(mask.shape) == 3:
+                mask = mask[:, None, :, :]  # (B, 1, T, S): same mask for every head
+            scores = ops.where(mask, scores, mask_value(scores.dtype))
+        weights = ops.softmax(scores, axis=-1)  # (B, H, T, S) float32
+        probs = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
+        out = ops.einsum("bhts,bshd->bthd", probs, v)  # (B, T, H, D)
+        out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.hidden_dim))
+        return self.output_dense(out), weights  # (B, T, hidden)
+
+    def _qkv(self, query, value):
+        if self.self_attention:
+            if value is not None:
+                raise ValueError("A self-attention layer takes `query` only; received `value`. "
+                                 "Fix: build it with self_attention=False for cross-attention.")
+            return self._project_qkv(query)
+        if value is None:
+            raise ValueError("A cross-attention layer needs `value` (the encoder outputs).")
+        return (self._project_query(query),) + self.project_key_value(value)
+
+    def call(self, query, value=None, attention_mask=None, training=None):
+        q, k, v = self._qkv(query, value)
+        return self._attend(q, k, v, attention_mask, training)[0]
+
+    def call_with_weights(self, query, value=None, attention_mask=None, training=None):
+        """Like ``call`` but returns ``(output, weights)``; weights float32 ``(B, H, T, S)``."""
+        q, k, v = self._qkv(query, value)
+        return self._attend(q, k, v, attention_mask, training)
+
+    def call_cached(self, query, cache, cache_index=None, attention_mask=None):
+        """Incremental attention over a cache (contract in the module docstring).
+
+        Args:
+          query: ``(B, T, hidden)`` new positions (T = 1 when decoding token by token).
+          cache: self-attention: ``(key_cache, value_cache)`` each ``(B, L, H, D)``;
+            cross-attention: ``(key, value)`` each ``(B, S, H, D)``.
+          cache_index: scalar int, position of the first new query (self-attention only).
+          attention_mask: bool broadcastable to ``(B, T, L)`` (or ``(B, T, S)``).
+
+        Returns:
+          ``(output (B, T, hidden), cache)``; the self-attention cache with the new keys and
+          values written at ``[:, cache_index:cache_index + T]``, the cross cache unchanged.
+        """
+        if self.self_attention:
+            q, k_new, v_new = self._project_qkv(query)  # each (B, T, H, D)
+            key_cache, value_cache = cache
+            start = [0, cache_index, 0, 0]
+            key_cache = ops.slice_update(key_cache, start, ops.cast(k_new, key_cache.dtype))
+            value_cache = ops.slice_update(value_cache, start, ops.cast(v_new, value_cache.dtype))
+            cache = (key_cache, value_cache)
+        else:
+            q = self._project_query(query)
+        output, _ = self._attend(q, cache[0], cache[1], attention_mask, training=False)
+        return output, cache
+
+    def compute_output_shape(self, query_shape, value_shape=None):
+        return query_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_dim=self.hidden_dim, num_heads=self.num_heads, dropout=self.dropout,
+                      self_attention=self.self_attention, use_bias=self.use_bias)
+        return config

@@ -1,0 +1,249 @@
+"""Decoder stack (§3.1): masked self-attention, encoder-decoder attention, feed-forward.
+
+Cached incremental decoding follows the cache contract of :mod:`aiayn.models.attention`: the
+decoder's self-attention cache is a tuple over layers of ``(key_cache, value_cache)``, each
+``(B, L, H, D)``; its cross-attention cache a tuple over layers of ``(key, value)``, each
+``(B, S, H, D)``.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from aiayn.models.attention import MultiHeadAttention
+from aiayn.models.encoder import _norm, residual_sublayer
+from aiayn.models.feedforward import FeedForward
+from aiayn.models.masks import causal_mask, padding_to_attention_mask, self_attention_mask
+
+
+@keras.saving.register_keras_serializable(package="aiayn")
+class TransformerDecoderLayer(keras.layers.Layer):
+    """Masked self-attention, encoder-decoder attention and feed-forward sub-layers (§3.1).
+
+    Position i attends only to positions <= i (§3.2.3). Arguments as
+    :class:`aiayn.models.encoder.TransformerEncoderLayer`.
+
+    Call args:
+      x: ``(batch_size, tgt_len, hidden_dim)``.
+      encoder_outputs: ``(batch_size, src_len, hidden_dim)``.
+      decoder_padding_mask: bool ``(batch_size, tgt_len)`` or None.
+      encoder_padding_mask: bool ``(batch_size, src_len)`` or None.
+      training: enables dropout.
+
+    Returns:
+      ``(batch_size, tgt_len, hidden_dim)``.
+    """
+
+    def __init__(self, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        dt = self.dtype_policy
+        self.self_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
+                                                 self_attention=True, dtype=dt,
+                                                 name="self_attention")
+        self.self_attention_dropout = keras.layers.Dropout(dropout, dtype=dt,
+                                                           name="self_attention_dropout")
+        self.self_attention_norm = _norm("self_attention_norm", layer_norm_epsilon, dt)
+        self.cross_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
+                                                  self_attention=False, dtype=dt,
+                                                  name="cross_attention")
+        self.cross_attention_dropout = keras.layers.Dropout(dropout, dtype=dt,
+                                                            name="cross_attention_dropout")
+        self.cross_attention_norm = _norm("cross_attention_norm", layer_norm_epsilon, dt)
+        self.feed_forward = FeedForward(hidden_dim, intermediate_dim, dtype=dt,
+                                        name="feed_forward")
+        self.feed_forward_dropout = keras.layers.Dropout(dropout, dtype=dt,
+                                                         name="feed_forward_dropout")
+        self.feed_forward_norm = _norm("feed_forward_norm", layer_norm_epsilon, dt)
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.hidden_dim)
+        for layer in (self.self_attention, self.self_attention_norm, self.cross_attention,
+                      self.cross_attention_norm, self.feed_forward, self.feed_forward_norm):
+            layer.build(shape)
+        self.built = True
+
+    def _sublayers(self, x, self_attend, cross_attend, training):
+        """§3.1 in order; each ``*_attend`` maps ``h -> (y, extra)``."""
+        # Masked multi-head self-attention, dropout, residual, norm.
+        x, self_extra = residual_sublayer(x, self_attend, self.self_attention_dropout,
+                                          self.self_attention_norm, self.norm_first, training)
+        # Multi-head attention over the encoder output, dropout, residual, norm.
+        x, cross_extra = residual_sublayer(x, cross_attend, self.cross_attention_dropout,
+                                           self.cross_attention_norm, self.norm_first, training)
+        # Position-wise feed-forward, dropout, residual, norm.
+        x, _ = residual_sublayer(x, lambda h: (self.feed_forward(h), None),
+                                 self.feed_forward_dropout, self.feed_forward_norm,
+                                 self.norm_first, training)
+        return x, self_extra, cross_extra
+
+    def call_with_weights(self, x, encoder_outputs, decoder_padding_mask=None,
+                          encoder_padding_mask=None, training=None):
+        """Returns ``(output, self_weights, cross_weights)``, weights float32
+        ``(batch, heads, tgt_len, tgt_len)`` and ``(batch, heads, tgt_len, src_len)``."""
+        self_mask = self_attention_mask(decoder_padding_mask, causal=True,
+                                        length=ops.shape(x)[1])
+        cross_mask = (None if encoder_padding_mask is None
+                      else padding_to_attention_mask(encoder_padding_mask))
+        return self._sublayers(
+            x,
+            lambda h: self.self_attention.call_with_weights(
+                h, attention_mask=self_mask, training=training),
+            lambda h: self.cross_attention.call_with_weights(
+                h, encoder_outputs, attention_mask=cross_mask, training=training),
+            training)
+
+    def call(self, x, encoder_outputs, decoder_padding_mask=None, encoder_padding_mask=None,
+             training=None):
+        return self.call_with_weights(x, encoder_outputs, decoder_padding_mask,
+                                      encoder_padding_mask, training)[0]
+
+    def call_cached(self, x, self_cache, cross_cache, cache_index, self_mask, cross_mask):
+        """One incremental step (inference: no dropout).
+
+        Args:
+          x: ``(B, T, hidden_dim)``, the new positions starting at ``cache_index``.
+          self_cache: ``(key_cache, value_cache)`` each ``(B, L, H, D)``.
+          cross_cache: ``(key, value)`` each ``(B, S, H, D)``.
+          cache_index: scalar int.
+          self_mask: bool broadcastable to ``(B, T, L)``; cross_mask: to ``(B, T, S)``.
+
+        Returns:
+          ``(output (B, T, hidden_dim), updated self_cache)``.
+        """
+        x, self_cache, _ = self._sublayers(
+            x,
+            lambda h: self.self_attention.call_cached(h, self_cache, cache_index, self_mask),
+            lambda h: self.cross_attention.call_cached(h, cross_cache, None, cross_mask),
+            training=False)
+        return x, self_cache
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_dim=self.hidden_dim, intermediate_dim=self.intermediate_dim,
+                      num_heads=self.num_heads, dropout=self.dropout,
+                      attention_dropout=self.attention_dropout, norm_first=self.norm_first,
+                      layer_norm_epsilon=self.layer_norm_epsilon)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="aiayn")
+class TransformerDecoder(keras.layers.Layer):
+    """A stack of ``num_layers`` :class:`TransformerDecoderLayer` (+ final LayerNorm if pre-norm).
+
+    Call args:
+      x: embedded target ``(batch_size, tgt_len, hidden_dim)``.
+      encoder_outputs: ``(batch_size, src_len, hidden_dim)``.
+      decoder_padding_mask, encoder_padding_mask: bool padding masks or None.
+
+    Returns:
+      ``(batch_size, tgt_len, hidden_dim)``.
+    """
+
+    def __init__(self, num_layers, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        if num_layers < 1:
+            raise ValueError(f"`num_layers` must be at least 1. Received: {num_layers}.")
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.decoder_layers = [
+            TransformerDecoderLayer(hidden_dim, intermediate_dim, num_heads, dropout,
+                                    attention_dropout, norm_first, layer_norm_epsilon,
+                                    dtype=self.dtype_policy, name=f"layer_{i}")
+            for i in range(num_layers)
+        ]
+        self.final_norm = (_norm("final_norm", layer_norm_epsilon, self.dtype_policy)
+                           if norm_first else None)
+
+    def build(self, input_shape=None):
+        for layer in self.decoder_layers:
+            layer.build((None, None, self.hidden_dim))
+        if self.final_norm is not None:
+            self.final_norm.build((None, None, self.hidden_dim))
+        self.built = True
+
+    def _finish(self, x):
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def call(self, x, encoder_outputs, decoder_padding_mask=None, encoder_padding_mask=None,
+             training=None):
+        for layer in self.decoder_layers:
+            x = layer(x, encoder_outputs, decoder_padding_mask=decoder_padding_mask,
+                      encoder_padding_mask=encoder_padding_mask, training=training)
+        return self._finish(x)
+
+    def call_with_weights(self, x, encoder_outputs, decoder_padding_mask=None,
+                          encoder_padding_mask=None, training=None):
+        """Returns ``(output, [self weights per layer], [cross weights per layer])``."""
+        self_weights, cross_weights = [], []
+        for layer in self.decoder_layers:
+            x, sw, cw = layer.call_with_weights(x, encoder_outputs, decoder_padding_mask,
+                                                encoder_padding_mask, training)
+            self_weights.append(sw)
+            cross_weights.append(cw)
+        return self._finish(x), self_weights, cross_weights
+
+    # -- cached decoding ----------------------------------------------------------------------
+    def init_cache(self, batch_size, max_length):
+        """Zeroed self-attention cache: a tuple over layers of ``(key, value)`` ``(B, L, H, D)``."""
+        head_dim = self.hidden_dim // self.num_heads
+        shape = (batch_size, max_length, self.num_heads, head_dim)
+        return tuple((ops.zeros(shape, self.compute_dtype), ops.zeros(shape, self.compute_dtype))
+                     for _ in self.decoder_layers)
+
+    def cross_cache(self, encoder_outputs):
+        """Per-layer cross-attention ``(key, value)``, each ``(B, S, H, D)``, projected once."""
+        return tuple(layer.cross_attention.project_key_value(encoder_outputs)
+                     for layer in self.decoder_layers)
+
+    def call_cached(self, x, self_cache, cross_cache, cache_index, encoder_padding_mask=None):
+        """Decodes ``T`` new positions starting at ``cache_index`` against the caches.
+
+        Args:
+          x: embedded new positions ``(B, T, hidden_dim)``.
+          self_cache: from :meth:`init_cache` (or a previous step); cross_cache: from
+            :meth:`cross_cache`; encoder_padding_mask: bool ``(B, S)`` or None.
+
+        Returns:
+          ``(output (B, T, hidden_dim), updated self_cache)``.
+        """
+        max_length = ops.shape(self_cache[0][0])[1]
+        # Query t (absolute position cache_index + t) sees cache slots <= cache_index + t.
+        self_mask = causal_mask(ops.shape(x)[1], max_length, cache_index)[None]  # (1, T, L)
+        cross_mask = (None if encoder_padding_mask is None
+                      else padding_to_attention_mask(encoder_padding_mask))  # (B, 1, S)
+        new_cache = []
+        for layer, layer_self, layer_cross in zip(self.decoder_layers, self_cache, cross_cache):
+            x, layer_self = layer.call_cached(x, layer_self, layer_cross, cache_index,
+                                              self_mask, cross_mask)
+            new_cache.append(layer_self)
+        return self._finish(x), tuple(new_cache)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_layers=self.num_layers, hidden_dim=self.hidden_dim,
+                      intermediate_dim=self.intermediate_dim, num_heads=self.num_heads,
+                      dropout=self.dropout, attention_dropout=self.attention_dropout,
+                      norm_first=self.norm_first, layer_norm_epsilon=self.layer_norm_epsilon)
+        return config

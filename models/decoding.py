@@ -1,0 +1,230 @@
+"""Greedy and beam search over a step function; they know nothing of the model.
+
+A step function has the signature ``step_fn(ids, cache, index) -> (logits, cache)``:
+
+* ``ids``: int32 ``(N, max_length + 1)``, the sequences so far; position 0 holds BOS and
+  positions ``<= index`` are filled (N = batch_size for greedy, batch_size * beam_size for beam
+  search, the beams of one sentence adjacent).
+* ``cache``: any nested structure of tensors whose leading dimension is ``N`` (may be empty);
+  beam search reorders it along that dimension when beams are re-ranked.
+* ``index``: int32 scalar, the position whose next-token distribution is wanted.
+* ``logits``: ``(N, vocabulary_size)`` for position ``index + 1``.
+
+Lengths count generated tokens. The GNMT length penalty (Wu et al., 2016, eq. 14)
+``lp(len) = ((5 + len) / 6) ** alpha`` divides the summed log-probability, with ``len`` counting
+the tokens generated including EOS. Both searches loop with ``keras.ops.while_loop`` over static
+shapes, so they trace inside ``tf.function`` (dynamic batch and length) and under XLA.
+
+Outputs (both): ``token_ids`` int32 without BOS, EOS and everything after it replaced by
+``pad_id``; ``scores`` float32 (normalised log-probabilities); ``lengths`` int32 (tokens before
+EOS).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+# A finite "minus infinity" for log-probabilities: inf - inf would give NaN.
+NEG_INF = -1.0e9
+
+
+def length_penalty(length, alpha):
+    """GNMT length penalty ``((5 + length) / 6) ** alpha`` (float32)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+# -- beam helpers (shapes: B batch, K beams) -------------------------------------------------
+def flatten_beam_dim(x):
+    """``(B, K, ...)`` -> ``(B * K, ...)``."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1,) + tuple(shape[2:]))
+
+
+def unflatten_beam_dim(x, beam_size):
+    """``(B * K, ...)`` -> ``(B, K, ...)``."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1, beam_size) + tuple(shape[1:]))
+
+
+def expand_to_beams(x, beam_size):
+    """``(B, ...)`` -> ``(B * K, ...)``, each row repeated K times (beams adjacent)."""
+    return ops.repeat(x, beam_size, axis=0)
+
+
+def _flat_beam_indices(beam_indices, old_beam_size):
+    """``(B, K_new)`` indices into ``K_old`` beams -> ``(B * K_new,)`` rows of a flat tensor."""
+    batch = ops.shape(beam_indices)[0]
+    offsets = ops.arange(batch, dtype="int32")[:, None] * old_beam_size  # (B, 1)
+    return ops.reshape(ops.cast(beam_indices, "int32") + offsets, (-1,))  # (B * K_new,)
+
+
+def gather_beams(x, beam_indices, old_beam_size):
+    """Selects beams: x ``(B, K_old, ...)``, beam_indices ``(B, K_new)`` -> ``(B, K_new, ...)``."""
+    new_beam_size = beam_indices.shape[1]
+    flat = flatten_beam_dim(x)  # (B * K_old, ...)
+    picked = ops.take(flat, _flat_beam_indices(beam_indices, old_beam_size), axis=0)
+    return unflatten_beam_dim(picked, new_beam_size)  # (B, K_new, ...)
+
+
+def gather_flat_beams(x, beam_indices, old_beam_size):
+    """Same for flat tensors (the cache): x ``(B * K_old, ...)`` -> ``(B * K_new, ...)``."""
+    return ops.take(x, _flat_beam_indices(beam_indices, old_beam_size), axis=0)
+
+
+def _finalise(sequences, eos_id, pad_id, generated):
+    """sequences ``(..., L + 1)`` with BOS -> (token_ids ``(..., L)``, lengths ``(...)``).
+
+    Keeps tokens before the first EOS and before ``generated`` (tokens actually produced).
+    """
+    tokens = sequences[..., 1:]  # drop BOS: (..., L)
+    positions = ops.arange(ops.shape(tokens)[-1], dtype="int32")
+    before_eos = ops.equal(ops.cumsum(ops.cast(ops.equal(tokens, eos_id), "int32"), axis=-1), 0)
+    keep = ops.logical_and(before_eos, ops.less(positions, generated))
+    token_ids = ops.where(keep, tokens, ops.cast(pad_id, tokens.dtype))
+    return token_ids, ops.sum(ops.cast(keep, "int32"), axis=-1)
+
+
+def _initial_ids(rows, max_length, bos_id, pad_id):
+    """``(rows, max_length + 1)`` filled with pad, BOS at position 0."""
+    ids = ops.full((rows, max_length + 1), pad_id, dtype="int32")
+    return ops.slice_update(ids, [0, 0], ops.full((rows, 1), bos_id, dtype="int32"))
+
+
+def greedy_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, max_length,
+                  length_penalty_alpha=0.0):
+    """Picks the most likely token at each step until every sentence has emitted EOS.
+
+    Args:
+      step_fn: ``(ids, cache, index) -> (logits, cache)`` (module docstring), N = batch_size.
+      cache: initial cache, leading dimension ``batch_size``.
+      batch_size: int or scalar tensor.
+      bos_id, eos_id, pad_id: special token ids (read them from the tokenizer).
+      max_length: most tokens generated per sentence (EOS included); int or scalar tensor.
+      length_penalty_alpha: alpha of :func:`length_penalty` for the reported score.
+
+    Returns:
+      dict ``token_ids`` int32 ``(B, max_length)``, ``scores`` float32 ``(B,)``,
+      ``lengths`` int32 ``(B,)``.
+    """
+    ids = _initial_ids(batch_size, max_length, bos_id, pad_id)  # (B, L + 1)
+    finished = ops.zeros((batch_size,), dtype="bool")
+    log_probs = ops.zeros((batch_size,), dtype="float32")
+    num_generated = ops.zeros((batch_size,), dtype="int32")  # includes EOS
+
+    def cond(index, ids, finished, log_probs, num_generated, cache):
+        return ops.logical_and(ops.less(index, max_length),
+                               ops.logical_not(ops.all(finished)))
+
+    def body(index, ids, finished, log_probs, num_generated, cache):
+        logits, cache = step_fn(ids, cache, index)  # (B, V)
+        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B, V)
+        token = ops.cast(ops.argmax(logp, axis=-1), "int32")  # (B,)
+        token = ops.where(finished, pad_id, token)
+        token_logp = ops.take_along_axis(logp, token[:, None], axis=1)[:, 0]  # (B,)
+        log_probs = log_probs + ops.where(finished, 0.0, token_logp)
+        num_generated = num_generated + ops.cast(ops.logical_not(finished), "int32")
+        ids = ops.slice_update(ids, [0, index + 1], token[:, None])
+        finished = ops.logical_or(finished, ops.equal(token, eos_id))
+        return index + 1, ids, finished, log_probs, num_generated, cache
+
+    index = ops.convert_to_tensor(0, dtype="int32")
+    _, ids, _, log_probs, num_generated, _ = ops.while_loop(
+        cond, body, (index, ids, finished, log_probs, num_generated, cache))
+    token_ids, lengths = _finalise(ids, eos_id, pad_id, num_generated[:, None])
+    scores = log_probs / length_penalty(num_generated, length_penalty_alpha)
+    return {"token_ids": token_ids, "scores": scores, "lengths": lengths}
+
+
+def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, max_length,
+                length_penalty_alpha=0.6, n_best=1):
+    """Batched beam search with the GNMT length penalty; finished hypotheses are kept.
+
+    At every step the ``2 * beam_size`` best extensions of the alive beams are scored; those
+    ending in EOS compete (score / lp(len)) for the ``beam_size`` finished slots, the others
+    for the ``beam_size`` alive beams. A sentence stops when its ``n_best``-th finished score
+    beats the best score any alive beam could still reach (``alpha >= 0``: its log-prob over
+    ``lp(max_length)``); the loop stops when all have stopped or at ``max_length``. The n-best
+    are then drawn from the finished and the alive (cut at ``max_length``) hypotheses by score.
+
+    Args:
+      step_fn: ``(ids, cache, index) -> (logits, cache)``, N = batch_size * beam_size.
+      cache: initial cache, leading dimension ``batch_size * beam_size`` (beams adjacent; see
+        :func:`expand_to_beams`).
+      batch_size: int or scalar tensor.
+      bos_id, eos_id, pad_id: special token ids.
+      beam_size: K (Python int).
+      max_length: most tokens generated per sentence (EOS included).
+      length_penalty_alpha: alpha (paper: 0.6); 0 ranks by raw log-probability.
+      n_best: hypotheses returned per sentence (<= beam_size).
+
+    Returns:
+      dict ``token_ids`` int32 ``(B, n_best, max_length)``, ``scores`` float32
+      ``(B, n_best)`` (best first), ``lengths`` int32 ``(B, n_best)``.
+
+    Raises:
+      ValueError: ``n_best`` not in ``[1, beam_size]``.
+    """
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"`n_best` must be in [1, beam_size={beam_size}]. Received: {n_best}.")
+    k = beam_size
+    alpha = length_penalty_alpha
+    ids = unflatten_beam_dim(_initial_ids(batch_size * k, max_length, bos_id, pad_id), k)
+    # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
+    alive_log_probs = ops.tile(
+        ops.convert_to_tensor([[0.0] + [NEG_INF] * (k - 1)], dtype="float32"),
+        (batch_size, 1))  # (B, K)
+    finished_ids = ids  # (B, K, L + 1)
+    finished_scores = ops.full((batch_size, k), NEG_INF, dtype="float32")  # (B, K)
+    best_possible_lp = length_penalty(max_length, alpha)
+
+    def cond(index, alive_ids, alive_log_probs, finished_ids, finished_scores, cache):
+        best_alive = alive_log_probs[:, 0] / best_possible_lp  # (B,)
+        nth_finished = finished_scores[:, n_best - 1]  # (B,), NEG_INF while < n_best finished
+        done = ops.all(ops.greater_equal(nth_finished, best_alive))
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(done))
+
+    def body(index, alive_ids, alive_log_probs, finished_ids, finished_scores, cache):
+        logits, cache = step_fn(flatten_beam_dim(alive_ids), cache, index)  # (B * K, V)
+        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        vocab = ops.shape(logp)[-1]
+        logp = unflatten_beam_dim(logp, k)  # (B, K, V)
+        candidates = alive_log_probs[:, :, None] + logp  # (B, K, V)
+        candidates = ops.reshape(candidates, (-1, k * vocab))  # (B, K * V)
+        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (B, 2K)
+        top_beams = top_indices // vocab  # (B, 2K) which alive beam each extends
+        top_tokens = ops.cast(top_indices % vocab, "int32")  # (B, 2K)
+        top_ids = gather_beams(alive_ids, top_beams, k)  # (B, 2K, L + 1)
+        top_ids = ops.slice_update(top_ids, [0, 0, index + 1], top_tokens[:, :, None])
+        is_eos = ops.equal(top_tokens, eos_id)  # (B, 2K)
+        real = ops.greater(top_log_probs, 0.5 * NEG_INF)  # extends a live beam
+
+        # Alive: the K best extensions that did not end (a top-2K always holds >= K of them).
+        alive_candidates = ops.where(is_eos, NEG_INF, top_log_probs)
+        alive_log_probs, alive_pick = ops.top_k(alive_candidates, k)  # (B, K)
+        alive_ids = gather_beams(top_ids, alive_pick, 2 * k)  # (B, K, L + 1)
+        origin = ops.take_along_axis(top_beams, alive_pick, axis=1)  # (B, K) parent beams
+        cache = keras.tree.map_structure(lambda t: gather_flat_beams(t, origin, k), cache)
+
+        # Finished: merge the new EOS hypotheses into the K best so far.
+        new_scores = top_log_probs / length_penalty(index + 1, alpha)
+        new_scores = ops.where(ops.logical_and(is_eos, real), new_scores, NEG_INF)  # (B, 2K)
+        all_scores = ops.concatenate([finished_scores, new_scores], axis=1)  # (B, 3K)
+        all_ids = ops.concatenate([finished_ids, top_ids], axis=1)  # (B, 3K, L + 1)
+        finished_scores, finished_pick = ops.top_k(all_scores, k)  # (B, K)
+        finished_ids = gather_beams(all_ids, finished_pick, 3 * k)  # (B, K, L + 1)
+        return index + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, cache
+
+    index = ops.convert_to_tensor(0, dtype="int32")
+    index, alive_ids, alive_log_probs, finished_ids, finished_scores, _ = ops.while_loop(
+        cond, body, (index, ids, alive_log_probs, finished_ids, finished_scores, cache))
+
+    # n-best over finished and alive (unfinished, cut at max_length) hypotheses by score. This
+    # never lets an alive one displace a finished one wrongly: if the loop stopped early, the
+    # n-best finished scores beat every alive bound, which is >= the alive score (alpha >= 0).
+    alive_scores = alive_log_probs / length_penalty(index, alpha)  # (B, K)
+    all_scores = ops.concatenate([finished_scores, alive_scores], axis=1)  # (B, 2K)
+    scores, pick = ops.top_k(all_scores, n_best)  # (B, n_best)
+    sequences = gather_beams(ops.concatenate([finished_ids, alive_ids], axis=1), pick, 2 * k)
+    token_ids, lengths = _finalise(sequences, eos_id, pad_id, index)  # (B, n, L), (B, n)
+    return {"token_ids": token_ids, "scores": scores, "lengths": lengths}

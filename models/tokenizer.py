@@ -1,0 +1,180 @@
+"""The subword tokenizer: one in-graph object for training data and for the exported model.
+
+:class:`SubwordTokenizer` wraps ``tensorflow_text.SentencepieceTokenizer``, whose op is linked into
+the stock ``tensorflow_model_server``. The serialized SentencePiece model (its vocabulary *and* its
+normaliser, ``nmt_nfkc`` as trained by ``aiayn.pipeline.vocab``) is carried inside the graph, so a
+SavedModel that calls this object tokenises, NFKC-normalises and detokenises exactly as training
+did, with no file to ship beside it and no Python at serving time.
+
+Special-token ids are read from the model proto when the tokenizer is built, never hard-coded.
+
+Example::
+
+    tokenizer = SubwordTokenizer.from_file("data/spm.model")
+    ids = tokenizer.tokenize(tf.constant(["I love you.", "我爱你"]))  # ragged (2, (len))
+    tokenizer.detokenize(ids)  # [b"I love you.", "我爱你".encode()]
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+IdsLike = Union[tf.Tensor, tf.RaggedTensor]
+
+
+class SubwordTokenizer(tf.Module):
+    """An in-graph SentencePiece tokenizer that can be saved inside a SavedModel.
+
+    Args:
+      model_proto: the serialized SentencePiece ``ModelProto`` (the bytes of a ``.model`` file).
+      name: the module name.
+
+    Attributes:
+      model_proto: the serialized model (bytes).
+      vocabulary_size: number of pieces, special tokens included.
+      pad_id, unk_id, bos_id, eos_id: the special ids as the model defines them (Python ints).
+
+    Raises:
+      ValueError: `model_proto` is empty or not a SentencePiece model, or the model lacks a pad,
+        BOS or EOS piece (train it with ``aiayn.pipeline.vocab.train_vocab``).
+    """
+
+    def __init__(self, model_proto: bytes, name: str = "subword_tokenizer"):
+        super().__init__(name=name)
+        if not isinstance(model_proto, (bytes, bytearray)) or not model_proto:
+            raise ValueError(
+                "`model_proto` must be the non-empty bytes of a SentencePiece .model file. "
+                f"Received: {type(model_proto).__name__} of length "
+                f"{len(model_proto) if hasattr(model_proto, '__len__') else 'n/a'}.")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(bytes(model_proto))
+        except (RuntimeError, OSError) as err:
+            raise ValueError(f"`model_proto` is not a valid SentencePiece model: {err}") from err
+        self.model_proto = bytes(model_proto)
+        self.vocabulary_size = int(processor.GetPieceSize())
+        self.pad_id = int(processor.pad_id())
+        self.unk_id = int(processor.unk_id())
+        self.bos_id = int(processor.bos_id())
+        self.eos_id = int(processor.eos_id())
+        missing = [n for n, i in (("pad", self.pad_id), ("bos", self.bos_id),
+                                  ("eos", self.eos_id)) if i < 0]
+        if missing:
+            raise ValueError(
+                f"The SentencePiece model has no {', '.join(missing)} piece (id -1). Train it with "
+                "`aiayn vocab` (pad=0, unk=1, bos=2, eos=3).")
+        # The op and its resource (holding `model_proto`) are tracked as a child, so
+        # tf.saved_model.save carries the model inside the graph.
+        self._sentencepiece = tf_text.SentencepieceTokenizer(
+            model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False)
+
+    @classmethod
+    def from_file(cls, path: Union[str, os.PathLike]) -> "SubwordTokenizer":
+        """Builds the tokenizer from a ``.model`` file.
+
+        Args:
+          path: a SentencePiece model file (``vocab_path(cfg)``, usually ``data/spm.model``).
+
+        Returns:
+          A :class:`SubwordTokenizer`.
+
+        Raises:
+          FileNotFoundError: the file does not exist (run ``aiayn vocab`` to create it).
+          ValueError: the file is not a usable SentencePiece model.
+        """
+        path = os.fspath(path)
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(
+                f"SentencePiece model not found: {path}. Create it with `aiayn vocab` "
+                "(or `make train`, which runs the data and vocabulary stages first).")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return cls(f.read())
+
+    def tokenize(self, strings: tf.Tensor) -> tf.RaggedTensor:
+        """Splits strings into subword ids; no BOS or EOS is added.
+
+        The model's own normaliser (NFKC-based ``nmt_nfkc``) runs in-graph first, so text
+        without spaces (Chinese, Japanese) and full-width forms work as in training.
+
+        Args:
+          strings: `tf.string` of shape `(batch_size,)` (a Python list of str works too).
+
+        Returns:
+          `tf.RaggedTensor` int32 of shape `(batch_size, (num_tokens))`.
+
+        Raises:
+          tf.errors.InvalidArgumentError: an input is not a string tensor.
+        """
+        strings = tf.convert_to_tensor(strings, dtype=tf.string)
+        return self._sentencepiece.tokenize(strings)
+
+    def detokenize(self, ids: IdsLike) -> tf.Tensor:
+        """Turns ids back into text.
+
+        Control pieces (pad, BOS, EOS) produce no text. For a dense input, everything from the
+        first EOS or pad on is ignored (the decoder's output after it ends); a ragged input is
+        taken as it is.
+
+        Args:
+          ids: integer ids, `tf.RaggedTensor` of shape `(batch_size, (len))` or dense
+            `tf.Tensor` of shape `(batch_size, len)`.
+
+        Returns:
+          `tf.string` of shape `(batch_size,)`.
+
+        Raises:
+          ValueError: `ids` is dense and not of rank 2.
+        """
+        if isinstance(ids, tf.RaggedTensor):
+            return self._sentencepiece.detokenize(tf.cast(ids, tf.int32))
+        ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+        if ids.shape.rank is not None and ids.shape.rank != 2:
+            raise ValueError(
+                "`detokenize` expects ids of shape (batch_size, len) or a ragged tensor. "
+                f"Received shape: {ids.shape}.")
+        # (batch, len): True up to (excluding) the first EOS or pad.
+        ended = tf.logical_or(tf.equal(ids, self.eos_id), tf.equal(ids, self.pad_id))
+        keep = tf.equal(tf.cumsum(tf.cast(ended, tf.int32), axis=1), 0)
+        lengths = tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)  # (batch,)
+        return self._sentencepiece.detokenize(tf.RaggedTensor.from_tensor(ids, lengths=lengths))
+
+    def id_to_piece(self, ids: IdsLike) -> IdsLike:
+        """Maps ids to their pieces (e.g. ``"▁love"``), for inspection.
+
+        Args:
+          ids: int ids of any shape, dense or ragged.
+
+        Returns:
+          `tf.string` of the same shape.
+        """
+        return self._sentencepiece.id_to_string(ids)
+
+    def featurize_source(self, strings: tf.Tensor,
+                         max_length: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """The one source featuriser for evaluation, translation and the exported signature.
+
+        Tokenises, keeps the first `max_length` ids (no BOS/EOS on the source side) and pads with
+        `pad_id` to the longest row of the batch.
+
+        Args:
+          strings: `tf.string` of shape `(batch_size,)`.
+          max_length: the longest source kept, in tokens.
+
+        Returns:
+          A tuple `(encoder_token_ids, encoder_padding_mask)`: int32 and bool, both of shape
+          `(batch_size, src_len)` with `src_len <= max_length`; the mask is True on real tokens.
+
+        Raises:
+          ValueError: `max_length` is below 1.
+        """
+        if max_length < 1:
+            raise ValueError(f"`max_length` must be at least 1. Received: {max_length}.")
+        ids = self.tokenize(strings)[:, :max_length]  # (batch, (src_len))
+        token_ids = ids.to_tensor(default_value=self.pad_id)  # (batch, src_len)
+        mask = tf.sequence_mask(ids.row_lengths(), maxlen=tf.shape(token_ids)[1])
+        return token_ids, mask

@@ -1,0 +1,233 @@
+"""The Transformer (Vaswani et al., 2017): encoder-decoder with shared embeddings (§3)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from aiayn.models import decoding
+from aiayn.models.decoder import TransformerDecoder
+from aiayn.models.embedding import TransformerEmbedding
+from aiayn.models.encoder import TransformerEncoder
+
+
+@keras.saving.register_keras_serializable(package="aiayn")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer over one joint vocabulary, with cached beam search.
+
+    The keyword names equal ``aiayn.pipeline.config.ModelConfig``'s fields, so
+    ``Transformer(vocabulary_size=v, pad_id=p, **dataclasses.asdict(cfg.model))`` works.
+
+    Args:
+      vocabulary_size: size of the joint (source + target) vocabulary.
+      pad_id: the padding id (from the tokenizer); generated outputs are padded with it.
+      num_layers: N, layers in each of encoder and decoder.
+      hidden_dim: d_model.
+      intermediate_dim: d_ff.
+      num_heads: h.
+      dropout: P_drop (embeddings sums and every sub-layer output, §5.4).
+      attention_dropout: dropout on attention weights (0 in the paper).
+      norm_first: pre-norm residual blocks instead of the paper's post-norm.
+      tie_embeddings: the pre-softmax projection reuses the shared embedding matrix (§3.4).
+      max_position: longest target the model decodes (``generate`` caps its length here).
+      layer_norm_epsilon: LayerNorm epsilon.
+
+    Call args:
+      inputs: dict with ``encoder_token_ids`` int ``(B, S)``, ``encoder_padding_mask`` bool
+        ``(B, S)``, ``decoder_token_ids`` int ``(B, T)``, ``decoder_padding_mask`` bool
+        ``(B, T)`` (masks True on real tokens).
+      training: enables dropout.
+
+    Returns:
+      logits float32 ``(B, T, vocabulary_size)`` (also under mixed precision).
+
+    Raises:
+      ValueError: inconsistent sizes (e.g. ``num_heads`` does not divide ``hidden_dim``,
+        ``pad_id`` outside the vocabulary).
+
+    Example:
+      >>> model = Transformer(vocabulary_size=128, pad_id=0, num_layers=2, hidden_dim=16,
+      ...                     intermediate_dim=32, num_heads=2)
+      >>> out = model.generate(ids, mask, bos_id=2, eos_id=3, beam_size=4)
+    """
+
+    def __init__(self, vocabulary_size, pad_id, num_layers=6, hidden_dim=512,
+                 intermediate_dim=2048, num_heads=8, dropout=0.1, attention_dropout=0.0,
+                 norm_first=False, tie_embeddings=True, max_position=1024,
+                 layer_norm_epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        if not 0 <= pad_id < vocabulary_size:
+            raise ValueError(
+                f"`pad_id` must be a token id in [0, vocabulary_size={vocabulary_size}). "
+                f"Received: pad_id={pad_id}. Fix: read it from the tokenizer (`.pad_id`)."
+            )
+        if max_position < 1:
+            raise ValueError(f"`max_position` must be positive. Received: {max_position}.")
+        self.vocabulary_size = vocabulary_size
+        self.pad_id = pad_id
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.norm_first = norm_first
+        self.tie_embeddings = tie_embeddings
+        self.max_position = max_position
+        self.layer_norm_epsilon = layer_norm_epsilon
+        stack = dict(num_layers=num_layers, hidden_dim=hidden_dim,
+                     intermediate_dim=intermediate_dim, num_heads=num_heads, dropout=dropout,
+                     attention_dropout=attention_dropout, norm_first=norm_first,
+                     layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy)
+        self.embedding = TransformerEmbedding(vocabulary_size, hidden_dim, dropout,
+                                              dtype=self.dtype_policy, name="embedding")
+        self.encoder = TransformerEncoder(name="encoder", **stack)
+        self.decoder = TransformerDecoder(name="decoder", **stack)
+        self.output_projection = None
+        if not tie_embeddings:
+            self.output_projection = keras.layers.Dense(
+                vocabulary_size, dtype=self.dtype_policy, name="output_projection")
+
+    def build(self, input_shape=None):
+        self.embedding.build((None, None))
+        self.encoder.build((None, None, self.hidden_dim))
+        self.decoder.build((None, None, self.hidden_dim))
+        if self.output_projection is not None:
+            self.output_projection.build((None, None, self.hidden_dim))
+        self.built = True
+
+    # -- teacher forcing ----------------------------------------------------------------------
+    def _logits(self, x):
+        """``(B, T, hidden)`` -> float32 ``(B, T, vocabulary_size)``."""
+        if self.output_projection is not None:
+            logits = self.output_projection(x)
+        else:
+            # §3.4: the same matrix as the embeddings (transposed), in the compute dtype.
+            table = ops.cast(self.embedding.embeddings, x.dtype)  # (V, hidden)
+            logits = ops.einsum("btd,vd->btv", x, table)  # (B, T, V)
+        return ops.cast(logits, "float32")
+
+    def encode(self, encoder_token_ids, encoder_padding_mask, training=False):
+        """Source ids ``(B, S)`` and mask -> encoder outputs ``(B, S, hidden_dim)``."""
+        x = self.embedding(encoder_token_ids, training=training)
+        return self.encoder(x, padding_mask=encoder_padding_mask, training=training)
+
+    def call(self, inputs, training=None):
+        encoder_mask = inputs["encoder_padding_mask"]
+        encoded = self.encode(inputs["encoder_token_ids"], encoder_mask, training=training)
+        x = self.embedding(inputs["decoder_token_ids"], training=training)
+        x = self.decoder(x, encoded, decoder_padding_mask=inputs["decoder_padding_mask"],
+                         encoder_padding_mask=encoder_mask, training=training)
+        return self._logits(x)
+
+    def attention_weights(self, inputs):
+        """Attention weights under teacher forcing (inference mode), for plots.
+
+        Returns:
+          dict of lists over layers, float32: ``encoder_self`` ``(B, heads, S, S)``,
+          ``decoder_self`` ``(B, heads, T, T)``, ``cross`` ``(B, heads, T, S)``.
+        """
+        encoder_mask = inputs["encoder_padding_mask"]
+        x = self.embedding(inputs["encoder_token_ids"], training=False)
+        encoded, encoder_self = self.encoder.call_with_weights(x, encoder_mask, training=False)
+        y = self.embedding(inputs["decoder_token_ids"], training=False)
+        _, decoder_self, cross = self.decoder.call_with_weights(
+            y, encoded, inputs["decoder_padding_mask"], encoder_mask, training=False)
+        return {"encoder_self": encoder_self, "decoder_self": decoder_self, "cross": cross}
+
+    # -- cached incremental decoding ----------------------------------------------------------
+    def encoder_memory(self, encoder_outputs, encoder_padding_mask):
+        """What every decoding step reads but never changes: per-layer cross-attention
+        ``(key, value)`` ``(B, S, H, D)`` and the source padding mask ``(B, S)``."""
+        return {"cross": self.decoder.cross_cache(encoder_outputs),
+                "encoder_padding_mask": ops.cast(encoder_padding_mask, "bool")}
+
+    def init_cache(self, batch_size, max_length):
+        """Zeroed decoder self-attention cache (contract in ``aiayn.models.attention``)."""
+        return self.decoder.init_cache(batch_size, max_length)
+
+    def decode_step(self, token_ids, cache, index, memory):
+        """One cached decoder step.
+
+        Args:
+          token_ids: int ``(B,)``, the tokens at position ``index``.
+          cache: from :meth:`init_cache` or the previous step.
+          index: int32 scalar position.
+          memory: from :meth:`encoder_memory` (rows matching ``token_ids``).
+
+        Returns:
+          ``(logits float32 (B, vocabulary_size) for position index + 1, cache)``.
+        """
+        x = self.embedding(token_ids[:, None], start_index=index, training=False)  # (B, 1, d)
+        x, cache = self.decoder.call_cached(x, cache, memory["cross"], index,
+                                            memory["encoder_padding_mask"])
+        return self._logits(x)[:, 0, :], cache
+
+    def generate(self, encoder_token_ids, encoder_padding_mask, bos_id, eos_id, beam_size=4,
+                 length_penalty=0.6, max_extra_length=50, n_best=1):
+        """Translates a batch: encode once, then cached greedy (beam_size=1) or beam search.
+
+        Graph-only (``keras.ops.while_loop``); traceable in ``tf.function`` with
+        ``[None, None]`` input signatures and under XLA. PAD and BOS are never generated.
+
+        Args:
+          encoder_token_ids: int ``(B, S)``; encoder_padding_mask: bool ``(B, S)``.
+          bos_id, eos_id: from the tokenizer.
+          beam_size: 1 = greedy search.
+          length_penalty: GNMT alpha (paper 0.6).
+          max_extra_length: at most ``S + max_extra_length`` tokens (EOS included) are
+            generated, capped at ``max_position``.
+          n_best: hypotheses per sentence (<= beam_size).
+
+        Returns:
+          dict ``token_ids`` int32 ``(B, n_best, L)`` (no BOS; EOS and after = pad_id),
+          ``scores`` float32 ``(B, n_best)`` (length-normalised log-probabilities, best
+          first), ``lengths`` int32 ``(B, n_best)`` (tokens before EOS).
+
+        Raises:
+          ValueError: ``beam_size < 1`` or ``n_best`` not in ``[1, beam_size]``.
+        """
+        if beam_size < 1:
+            raise ValueError(f"`beam_size` must be at least 1. Received: {beam_size}.")
+        if not 1 <= n_best <= beam_size:
+            raise ValueError(
+                f"`n_best` must be in [1, beam_size]. Received: n_best={n_best}, "
+                f"beam_size={beam_size}. Fix: raise beam_size or lower n_best.")
+        if not self.built:
+            self.build()
+        token_ids = ops.cast(encoder_token_ids, "int32")
+        padding_mask = ops.cast(encoder_padding_mask, "bool")
+        batch_size, source_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        max_length = ops.minimum(source_length + max_extra_length, self.max_position)
+        memory = self.encoder_memory(self.encode(token_ids, padding_mask), padding_mask)
+        if beam_size > 1:  # (B, ...) -> (B * K, ...), the beams of a sentence adjacent
+            memory = keras.tree.map_structure(
+                lambda t: decoding.expand_to_beams(t, beam_size), memory)
+        cache = self.init_cache(batch_size * beam_size, max_length)
+        vocab = ops.arange(self.vocabulary_size, dtype="int32")
+        banned = ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
+            ops.equal(vocab, bos_id),
+            ops.logical_and(ops.equal(vocab, self.pad_id), ops.not_equal(self.pad_id, eos_id)))
+
+        def step_fn(ids, cache, index):
+            token = ops.take(ids, index, axis=1)  # (N,) the token at position `index`
+            logits, cache = self.decode_step(token, cache, index, memory)
+            return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
+
+        if beam_size == 1:
+            out = decoding.greedy_search(step_fn, cache, batch_size, bos_id, eos_id,
+                                         self.pad_id, max_length, length_penalty)
+            return {key: ops.expand_dims(value, 1) for key, value in out.items()}
+        return decoding.beam_search(step_fn, cache, batch_size, bos_id, eos_id, self.pad_id,
+                                    beam_size, max_length, length_penalty, n_best)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocabulary_size=self.vocabulary_size, pad_id=self.pad_id,
+                      num_layers=self.num_layers, hidden_dim=self.hidden_dim,
+                      intermediate_dim=self.intermediate_dim, num_heads=self.num_heads,
+                      dropout=self.dropout, attention_dropout=self.attention_dropout,
+                      norm_first=self.norm_first, tie_embeddings=self.tie_embeddings,
+                      max_position=self.max_position,
+                      layer_norm_epsilon=self.layer_norm_epsilon)
+        return config

@@ -1,0 +1,622 @@
+"""Training callbacks: step checkpoints, resumable backup, dev BLEU, budgets, progress, history.
+
+Steps are optimizer updates (``optimizer.iterations``), which differ from ``model.fit`` batches
+when gradients are accumulated; every callback here counts optimizer updates, so `train.steps`,
+`checkpoint_every` and `eval_every` mean the paper's training steps.
+
+Files written in the run directory (by the chief worker only):
+
+    checkpoints/ckpt-<step>.weights.h5   model weights every N steps, the last K kept
+    best.weights.h5                      the weights with the best dev BLEU so far
+    backup/                              keras BackupAndRestore state (+ RNG and clock state)
+    history.json, history.csv            one row per logged step / dev evaluation
+    tensorboard/                         loss, learning rate, tokens/s, dev BLEU and chrF
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def current_step(model: keras.Model) -> int:
+    """Optimizer updates done so far (accumulation-aware; LossScaleOptimizer-transparent)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def current_learning_rate(model: keras.Model) -> float:
+    opt = model.optimizer
+    inner = getattr(opt, "inner_optimizer", opt)
+    lr = inner.learning_rate
+    return float(keras.ops.convert_to_numpy(lr))
+
+
+def save_model_weights(model: keras.Model, path: str | os.PathLike) -> Path:
+    """Writes the model's weights (no optimizer state) atomically to a ``.weights.h5`` file.
+
+    The optimizer's slots would triple the file; evaluation, averaging and export need only the
+    model. ``keras.src.saving.saving_lib`` is the one Keras entry point that can skip them.
+    """
+    from keras.src.saving import saving_lib
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".weights.h5")
+    os.close(fd)
+    try:
+        skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
+        saving_lib.save_weights_only(model, tmp, objects_to_skip=skip)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_model_weights(model: keras.Model, path: str | os.PathLike) -> None:
+    """Loads a file written by :func:`save_model_weights` (optimizer state left untouched)."""
+    from keras.src.saving import saving_lib
+
+    skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
+    saving_lib.load_weights_only(model, str(path), objects_to_skip=skip)
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, path)`` of ``ckpt-<step>.weights.h5`` files, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for p in directory.iterdir():
+        m = CHECKPOINT_PATTERN.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def tensorboard_available() -> bool:
+    """TensorBoard summaries need the `tensorboard` package (not a TensorFlow dependency)."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+# --------------------------------------------------------------------------------------------
+# Metric: real target tokens
+
+
+@keras.saving.register_keras_serializable(package="aiayn")
+class TargetTokens(keras.metrics.Metric):
+    """Counts real (non-padding) target tokens seen since the last reset.
+
+    Used for tokens/s: the progress callback differentiates it between batches. Its variable
+    sums across replicas, so the count is global.
+    """
+
+    def __init__(self, pad_id: int, name: str = "target_tokens", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pad_id = pad_id
+        self.count = self.add_variable(shape=(), initializer="zeros", dtype="float32",
+                                       name="count", aggregation="sum")
+
+    def update_state(self, y_true, y_pred=None, sample_weight=None):
+        real = keras.ops.not_equal(y_true, self.pad_id)
+        self.count.assign_add(keras.ops.sum(keras.ops.cast(real, "float32")))
+
+    def result(self):
+        return keras.ops.convert_to_tensor(self.count)
+
+    def reset_state(self):
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "pad_id": self.pad_id}
+
+
+# --------------------------------------------------------------------------------------------
+# Run history (history.json + history.csv), shared by the logging callbacks
+
+
+class RunHistory:
+    """Rows of metrics keyed by step, persisted as ``history.json`` and ``history.csv``.
+
+    One row per logged step; dev evaluations merge into the row of their step. On resume,
+    rows after the restored step are dropped (they belong to the lost future).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike | None, write: bool = True):
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.write = write and self.run_dir is not None
+        self.rows: list[dict] = []
+        if self.run_dir and (self.run_dir / "history.json").exists():
+            try:
+                self.rows = json.loads((self.run_dir / "history.json").read_text())["rows"]
+            except (ValueError, KeyError):
+                self.rows = []
+
+    def truncate(self, step: int) -> None:
+        self.rows = [r for r in self.rows if r["step"] <= step]
+
+    def add(self, step: int, **metrics) -> None:
+        clean = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v)
+                 for k, v in metrics.items()}
+        if self.rows and self.rows[-1]["step"] == step:
+            self.rows[-1].update(clean)
+        else:
+            self.rows.append({"step": int(step), **clean})
+
+    def save(self) -> None:
+        if not self.write:
+            return
+        _atomic_write_text(self.run_dir / "history.json",
+                           json.dumps({"rows": self.rows}, indent=1))
+        columns = ["step"]
+        for row in self.rows:
+            columns += [k for k in row if k not in columns]
+        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".history.csv.", suffix=".tmp")
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, self.run_dir / "history.csv")
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+class StepCheckpoints(keras.callbacks.Callback):
+    """Saves the model weights every ``every`` optimizer steps, keeping the newest ``keep``.
+
+    Files: ``<directory>/ckpt-<step:08d>.weights.h5`` (model only; see
+    :func:`save_model_weights`), written atomically. Also saves at the end of training so the
+    final step is always a checkpoint.
+    """
+
+    def __init__(self, directory: str | os.PathLike, every: int, keep: int,
+                 write: bool = True):
+        super().__init__()
+        self.directory = Path(directory)
+        self.every = max(1, int(every))
+        self.keep = max(1, int(keep))
+        self.write = write
+        self._last_saved = -1
+
+    def _save(self, step: int) -> None:
+        if step == self._last_saved or step <= 0:
+            return
+        self._last_saved = step
+        if not self.write:
+            return
+        save_model_weights(self.model, self.directory / f"ckpt-{step:08d}.weights.h5")
+        for _, old in list_checkpoints(self.directory)[:-self.keep]:
+            old.unlink(missing_ok=True)
+
+    def on_train_begin(self, logs=None):
+        self._last_saved = current_step(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = current_step(self.model)
+        if step % self.every == 0:
+            self._save(step)
+
+    def on_train_end(self, logs=None):
+        self._save(current_step(self.model))
+
+
+def _seed_generator_states(model: keras.Model) -> list:
+    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+
+class ResumableBackup(keras.callbacks.BackupAndRestore):
+    """``keras.callbacks.BackupAndRestore`` plus what exact resumption also needs.
+
+    Keras backs up the model and optimizer (so the schedule step, ``optimizer.iterations``) at
+    each epoch end and restores the epoch. This subclass also keeps the dropout RNG state (Keras
+    seed generators are not part of ``save_weights``) and the training clock (seconds trained
+    so far, for the time budget). It does not back up an epoch cut short by a stop request
+    (time budget, NaN, early stopping): that state is not an epoch boundary. The data position
+    is restored by the caller, which skips the batches already consumed (see
+    :func:`restored_epoch`).
+    """
+
+    def __init__(self, backup_dir: str | os.PathLike, clock: "TrainingClock | None" = None):
+        super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=True,
+                         delete_checkpoint=False)
+        self.clock = clock
+        self._extra_path = Path(backup_dir) / "extra_state.npz"
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self._extra_path.exists() and Path(self._weights_path).exists():
+            with np.load(self._extra_path) as data:
+                states = _seed_generator_states(self.model)
+                if int(data["num_rng"]) == len(states):
+                    for i, v in enumerate(states):
+                        v.assign(data[f"rng_{i}"])
+                if self.clock is not None:
+                    self.clock.restore(float(data["elapsed_s"]))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.model.stop_training:
+            return
+        super().on_epoch_end(epoch, logs)
+        arrays = {f"rng_{i}": keras.ops.convert_to_numpy(v)
+                  for i, v in enumerate(_seed_generator_states(self.model))}
+        arrays["num_rng"] = np.array(len(arrays))
+        arrays["elapsed_s"] = np.array(self.clock.elapsed() if self.clock else 0.0)
+        fd, tmp = tempfile.mkstemp(dir=self.backup_dir, prefix=".extra.", suffix=".npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, self._extra_path)
+
+
+def restored_epoch(backup_dir: str | os.PathLike) -> int:
+    """The epoch that ``BackupAndRestore`` will resume from (0 without a backup)."""
+    meta = Path(backup_dir) / "training_metadata.json"
+    weights = Path(backup_dir) / "latest.weights.h5"
+    for m, w in ((meta, weights), (Path(f"{meta}.bkp"), Path(f"{weights}.bkp"))):
+        if m.exists() and w.exists():
+            try:
+                return int(json.loads(m.read_text())["epoch"])
+            except (ValueError, KeyError):
+                continue
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets and progress
+
+
+class TrainingClock:
+    """Seconds spent training across restarts (the time budget counts all attempts)."""
+
+    def __init__(self):
+        self._before = 0.0
+        self._start = time.monotonic()
+
+    def restore(self, elapsed_before: float) -> None:
+        self._before = float(elapsed_before)
+
+    def start(self) -> None:
+        self._start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return self._before + time.monotonic() - self._start
+
+
+class Budget(keras.callbacks.Callback):
+    """Stops training cleanly at ``max_steps`` optimizer steps or after ``max_minutes``.
+
+    The time budget counts the training clock (all attempts of this run). Stopping sets
+    ``model.stop_training``; ``fit`` returns normally and the pipeline proceeds. ``reason``
+    says why it stopped (``"steps"``, ``"time"`` or ``None``).
+    """
+
+    def __init__(self, max_steps: int, max_minutes: float = 0.0,
+                 clock: TrainingClock | None = None):
+        super().__init__()
+        self.max_steps = int(max_steps)
+        self.max_seconds = float(max_minutes) * 60.0
+        self.clock = clock or TrainingClock()
+        self.reason: str | None = None
+
+    def on_train_begin(self, logs=None):
+        if current_step(self.model) >= self.max_steps:
+            self.model.stop_training = True
+            self.reason = "steps"
+
+    def on_train_batch_end(self, batch, logs=None):
+        if current_step(self.model) >= self.max_steps:
+            self.reason = "steps"
+            self.model.stop_training = True
+        elif self.max_seconds and self.clock.elapsed() >= self.max_seconds:
+            self.reason = "time"
+            self.model.stop_training = True
+
+
+def _accuracy(logs: dict) -> float | None:
+    for key, value in logs.items():
+        if "acc" in key:
+            return float(value)
+    return None
+
+
+class ProgressLogger(keras.callbacks.Callback):
+    """A progress line every ``every_s`` seconds, history rows and TensorBoard scalars.
+
+    ``step 1200/20000 (6.0%) | loss 3.214 | acc 0.41 | lr 4.1e-04 | 5230 tok/s | 6m10s elapsed
+    | ETA 29m00s``. The ETA is the sooner of the step budget and the time budget. Every
+    ``log_every`` steps a history row (loss, accuracy, learning rate, tokens/s, total tokens)
+    is recorded and written as TensorBoard scalars.
+    """
+
+    def __init__(self, total_steps: int, history: RunHistory, clock: TrainingClock,
+                 max_minutes: float = 0.0, log_every: int = 50, every_s: float = 30.0,
+                 summary_dir: str | os.PathLike | None = None, stream=None, verbose: bool = True):
+        super().__init__()
+        self.total_steps = int(total_steps)
+        self.history = history
+        self.clock = clock
+        self.max_seconds = float(max_minutes) * 60.0
+        self.log_every = max(1, int(log_every))
+        self.every_s = float(every_s)
+        self.summary_dir = summary_dir
+        self.stream = stream or sys.stdout
+        self.verbose = verbose
+        self.writer = None
+        self.tokens_total = 0.0
+        self._epoch_tokens_last = 0.0
+        self._window_tokens = 0.0
+        self._window_start = time.monotonic()
+        self._last_print = 0.0
+        self._last_logged_step = -1
+        self._loss_sum = 0.0
+        self._window_loss, self._window_batches = 0.0, 0
+        self.tokens_per_s = float("nan")
+        self._rate_tokens = 0.0
+        self._rate_time = 0.0
+
+    def on_train_begin(self, logs=None):
+        if self.summary_dir and tensorboard_available():
+            self.writer = tf.summary.create_file_writer(str(self.summary_dir))
+        self.start_step = current_step(self.model)
+        self._session_start = time.monotonic()
+        self._window_start = time.monotonic()
+        if self.history.rows:
+            self.tokens_total = float(self.history.rows[-1].get("tokens_total", 0.0))
+        self._tokens_at_start = self.tokens_total
+
+    @property
+    def tokens_total_session(self) -> float:
+        """Real target tokens trained on in this process (since ``fit`` began)."""
+        return self.tokens_total - getattr(self, "_tokens_at_start", 0.0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Keras resets metrics each epoch: the token count and the running mean loss restart.
+        self._epoch_tokens_last = 0.0
+        self._loss_sum = 0.0
+        self._window_loss, self._window_batches = 0.0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        count = float(logs.get("target_tokens", 0.0))
+        delta = max(0.0, count - self._epoch_tokens_last)
+        self._epoch_tokens_last = count
+        self.tokens_total += delta
+        self._window_tokens += delta
+        # Keras reports the epoch's running mean; recover this batch's loss for the window mean.
+        if "loss" in logs:
+            loss_sum = float(logs["loss"]) * (batch + 1)
+            self._window_loss += loss_sum - getattr(self, "_loss_sum", 0.0)
+            self._window_batches += 1
+            self._loss_sum = loss_sum
+        step = current_step(self.model)
+        now = time.monotonic()
+        if step % self.log_every == 0 and step != self._last_logged_step and step > 0:
+            self._last_logged_step = step
+            window = now - self._window_start
+            self.tokens_per_s = self._window_tokens / window if window > 0 else float("nan")
+            self._window_tokens, self._window_start = 0.0, now
+            window_loss = (self._window_loss / self._window_batches if self._window_batches
+                           else float(logs.get("loss", float("nan"))))
+            self._window_loss, self._window_batches = 0.0, 0
+            row = {"loss": window_loss,
+                   "learning_rate": current_learning_rate(self.model),
+                   "tokens_per_s": self.tokens_per_s, "tokens_total": self.tokens_total,
+                   "elapsed_s": self.clock.elapsed()}
+            acc = _accuracy(logs)
+            if acc is not None:
+                row["accuracy"] = acc
+            self.history.add(step, **row)
+            self.history.save()
+            if self.writer is not None:
+                with self.writer.as_default(step=step):
+                    for k in ("loss", "learning_rate", "tokens_per_s", "accuracy"):
+                        if k in row:
+                            tf.summary.scalar(k, row[k])
+                self.writer.flush()
+        if self.verbose and (now - self._last_print >= self.every_s or step == self.total_steps):
+            self._last_print = now
+            self.stream.write(self.line(step, logs) + "\n")
+            self.stream.flush()
+
+    def eta_seconds(self, step: int) -> float:
+        session = time.monotonic() - self._session_start
+        done = step - self.start_step
+        by_steps = (self.total_steps - step) * session / done if done > 0 else float("inf")
+        by_time = (self.max_seconds - self.clock.elapsed()) if self.max_seconds else float("inf")
+        return min(by_steps, by_time)
+
+    def line(self, step: int, logs: dict) -> str:
+        pct = 100.0 * step / max(1, self.total_steps)
+        acc = _accuracy(logs)
+        parts = [f"step {step}/{self.total_steps} ({pct:.1f}%)",
+                 f"loss {float(logs.get('loss', float('nan'))):.3f}"]
+        if acc is not None:
+            parts.append(f"acc {float(acc):.3f}")
+        parts += [f"lr {current_learning_rate(self.model):.2e}",
+                  f"{self.tokens_per_s:,.0f} tok/s" if math.isfinite(self.tokens_per_s)
+                  else "? tok/s",
+                  f"{_fmt_duration(self.clock.elapsed())} elapsed",
+                  f"ETA {_fmt_duration(self.eta_seconds(step))}"]
+        return " | ".join(parts)
+
+    def on_train_end(self, logs=None):
+        self.history.save()
+        if self.writer is not None:
+            self.writer.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Dev-set BLEU, best checkpoint, early stopping
+
+
+class DevEvaluator(keras.callbacks.Callback):
+    """Scores dev translations with sacreBLEU every ``every`` steps; tracks the best; stops early.
+
+    Args:
+      translate_fn: ``translate_fn(sources) -> list[str]`` with the current model (for training:
+        :func:`aiayn.pipeline.evaluate.translate_sentences` with the decode config).
+      sources, references: the dev pairs (already limited to ``eval_max_sentences``).
+      every: evaluate when the optimizer step is a multiple of this (0 = never during training).
+      best_path: where the best weights are written (``None``: not written).
+      patience: stop after this many evaluations without a BLEU gain (0 = never stop).
+      history: a :class:`RunHistory` receiving ``dev_bleu`` / ``dev_chrf`` at the step.
+      state_path: JSON file holding best score and patience counter across restarts.
+      evaluate_at_end: also evaluate the final step if it was not just evaluated.
+
+    Attributes:
+      best_bleu, best_step, results (list of dicts with step, bleu, chrf, seconds).
+    """
+
+    def __init__(self, translate_fn: Callable[[Sequence[str]], list[str]],
+                 sources: Sequence[str], references: Sequence[str], every: int,
+                 best_path: str | os.PathLike | None = None, patience: int = 0,
+                 history: RunHistory | None = None, state_path: str | os.PathLike | None = None,
+                 summary_dir: str | os.PathLike | None = None, evaluate_at_end: bool = False,
+                 write: bool = True, stream=None):
+        super().__init__()
+        if len(sources) != len(references):
+            raise ValueError(f"{len(sources)} dev sources but {len(references)} references.")
+        self.translate_fn = translate_fn
+        self.sources = list(sources)
+        self.references = list(references)
+        self.every = int(every)
+        self.best_path = Path(best_path) if best_path else None
+        self.patience = int(patience)
+        self.history = history
+        self.state_path = Path(state_path) if state_path else None
+        self.summary_dir = summary_dir
+        self.evaluate_at_end = evaluate_at_end
+        self.write = write
+        self.stream = stream or sys.stdout
+        self.best_bleu = -1.0
+        self.best_step = -1
+        self.bad_evals = 0
+        self.results: list[dict] = []
+        self.stopped_early = False
+        self._last_eval_step = -1
+        self.writer = None
+
+    def on_train_begin(self, logs=None):
+        step = current_step(self.model)
+        if self.state_path and self.state_path.exists():
+            state = json.loads(self.state_path.read_text())
+            self.results = [r for r in state.get("results", []) if r["step"] <= step]
+            self._recompute_best()
+        if self.best_path and self.best_step < 0 and self.best_path.exists() and self.write:
+            self.best_path.unlink()
+        if self.summary_dir and tensorboard_available():
+            self.writer = tf.summary.create_file_writer(str(self.summary_dir))
+        self._last_eval_step = step if self.results and self.results[-1]["step"] == step else -1
+
+    def _recompute_best(self) -> None:
+        self.best_bleu, self.best_step, self.bad_evals = -1.0, -1, 0
+        for r in self.results:
+            if r["bleu"] > self.best_bleu:
+                self.best_bleu, self.best_step, self.bad_evals = r["bleu"], r["step"], 0
+            else:
+                self.bad_evals += 1
+
+    def score(self, hypotheses: Sequence[str]) -> dict:
+        import sacrebleu
+
+        bleu = sacrebleu.corpus_bleu(list(hypotheses), [self.references])
+        chrf = sacrebleu.corpus_chrf(list(hypotheses), [self.references])
+        return {"bleu": float(bleu.score), "chrf": float(chrf.score)}
+
+    def evaluate(self, step: int) -> dict:
+        """Translates the dev sources now; records, saves best, updates patience."""
+        start = time.monotonic()
+        hyps = self.translate_fn(self.sources)
+        result = {"step": int(step), **self.score(hyps),
+                  "seconds": round(time.monotonic() - start, 2)}
+        self._last_eval_step = step
+        self.results.append(result)
+        improved = result["bleu"] > self.best_bleu
+        if improved:
+            self.best_bleu, self.best_step, self.bad_evals = result["bleu"], step, 0
+            if self.best_path is not None and self.write:
+                save_model_weights(self.model, self.best_path)
+        else:
+            self.bad_evals += 1
+        if self.history is not None:
+            self.history.add(step, dev_bleu=result["bleu"], dev_chrf=result["chrf"])
+            self.history.save()
+        if self.writer is not None:
+            with self.writer.as_default(step=step):
+                tf.summary.scalar("dev_bleu", result["bleu"])
+                tf.summary.scalar("dev_chrf", result["chrf"])
+            self.writer.flush()
+        if self.state_path is not None and self.write:
+            _atomic_write_text(self.state_path, json.dumps(
+                {"results": self.results, "best_bleu": self.best_bleu,
+                 "best_step": self.best_step}, indent=1))
+        self.stream.write(
+            f"dev @ step {step}: BLEU {result['bleu']:.2f} chrF {result['chrf']:.2f} "
+            f"({result['seconds']:.0f}s; best {self.best_bleu:.2f} @ {self.best_step})\n")
+        if hyps:
+            self.stream.write(f"  e.g. {self.sources[0]!r} -> {hyps[0]!r}\n")
+        self.stream.flush()
+        if self.patience and self.bad_evals >= self.patience:
+            self.stopped_early = True
+            self.model.stop_training = True
+            self.stream.write(f"early stopping: no dev BLEU gain in {self.patience} "
+                              f"evaluation(s); best {self.best_bleu:.2f} at step "
+                              f"{self.best_step}.\n")
+        return result
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.every <= 0:
+            return
+        step = current_step(self.model)
+        if step > 0 and step % self.every == 0 and step != self._last_eval_step:
+            self.evaluate(step)
+
+    def on_train_end(self, logs=None):
+        step = current_step(self.model)
+        if self.evaluate_at_end and step != self._last_eval_step and step > 0:
+            self.evaluate(step)
+        if self.writer is not None:
+            self.writer.close()

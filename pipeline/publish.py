@@ -1,0 +1,128 @@
+"""`aiayn export`: the run's final weights -> a verified, versioned serving SavedModel.
+
+    path = export_run(cfg)   # <export.base_dir>/<export.model_name>/<version>/
+
+Reads ``<train.run_dir>/final.weights.h5`` and the vocabulary at ``vocab_path(cfg)``, writes the
+export with :func:`aiayn.export.saved_model.export_saved_model` (resolved config, SentencePiece
+model and evaluation scores in ``assets.extra/``, warmup requests for the length buckets,
+``models.config`` and ``batching_parameters.txt`` beside the versions), and verifies it in a fresh
+process (stock ops only, both signatures agree with in-process translation) BEFORE it is renamed
+into place: a watching server never sees a version that failed verification.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from aiayn.export import saved_model as sm
+from aiayn.export.verify import verify_export
+from aiayn.pipeline.config import Config
+from aiayn.pipeline.errors import UserInputError
+
+log = logging.getLogger("aiayn.pipeline.publish")
+FINAL_WEIGHTS = "final.weights.h5"
+
+
+def build_model(cfg: Config, tokenizer: Any):
+    """A built Transformer of ``cfg.model`` for ``tokenizer`` (weights still random)."""
+    from aiayn.models.transformer import Transformer
+
+    model = Transformer(vocabulary_size=tokenizer.vocabulary_size, pad_id=tokenizer.pad_id,
+                        **dataclasses.asdict(cfg.model))
+    ids = np.full((1, 2), tokenizer.eos_id, dtype="int32")
+    mask = np.ones((1, 2), dtype=bool)
+    model({"encoder_token_ids": ids, "encoder_padding_mask": mask,
+           "decoder_token_ids": ids, "decoder_padding_mask": mask}, training=False)
+    return model
+
+
+def load_tokenizer(cfg: Config):
+    from aiayn.models.tokenizer import SubwordTokenizer
+    from aiayn.pipeline.vocab import vocab_path
+
+    path = vocab_path(cfg)
+    if not Path(path).exists():
+        raise UserInputError(f"Vocabulary not found: {path}. Run `aiayn vocab` (or `make train`) "
+                             "first.")
+    return SubwordTokenizer.from_file(path)
+
+
+def config_yaml(cfg: Config) -> str:
+    return (f"# Resolved configuration (preset: {cfg.preset or 'none'}).\n"
+            + yaml.safe_dump({"preset": cfg.preset, **cfg.to_dict()}, sort_keys=False,
+                             allow_unicode=True))
+
+
+def _eval_scores(cfg: Config) -> dict[str, Any] | None:
+    """Scores written by `aiayn evaluate` (``<run_dir>/eval/<split>.json``), if any."""
+    eval_dir = Path(cfg.train.run_dir) / "eval"
+    scores = {}
+    for path in sorted(eval_dir.glob("*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        keep = {k: v for k, v in report.items() if k not in ("samples",)}
+        scores[path.stem] = keep
+    return scores or None
+
+
+def export_model(cfg: Config, model: Any, tokenizer: Any, verify: bool = True,
+                 eval_scores: dict[str, Any] | None = None) -> Path:
+    """Exports an in-memory model with ``cfg``'s decode/export settings; verifies first."""
+    options = sm.ServingOptions.from_configs(cfg.decode, cfg.export)
+
+    def check(tmp_dir: Path) -> None:
+        report = verify_export(tmp_dir)
+        log.info("Verified %s: %s", tmp_dir, report.summary())
+        report.raise_if_failed()
+
+    path = sm.export_saved_model(
+        model, tokenizer, cfg.export.base_dir, cfg.export.model_name, options=options,
+        version=cfg.export.version, config_yaml=config_yaml(cfg), eval_scores=eval_scores,
+        bucket_boundaries=cfg.data.bucket_boundaries, before_publish=check if verify else None)
+    return path
+
+
+def export_run(cfg: Config, weights: str | None = None, verify: bool = True) -> Path:
+    """Exports the run's final weights as the next version under ``cfg.export.base_dir``.
+
+    Args:
+      cfg: the run configuration (model, decode, export, data sections are used).
+      weights: a ``.weights.h5`` file; default ``<train.run_dir>/final.weights.h5``.
+      verify: run the fresh-process verifier before publishing the version.
+
+    Returns:
+      The version directory, e.g. ``exports/translate/3``.
+
+    Raises:
+      UserInputError: no weights or vocabulary yet, a version that exists, a bad option.
+      aiayn.export.verify.VerificationError: the export failed verification (nothing published).
+    """
+    weights_path = Path(weights) if weights else Path(cfg.train.run_dir) / FINAL_WEIGHTS
+    if not weights_path.exists():
+        raise UserInputError(f"Weights not found: {weights_path}. Train first (`aiayn train`), "
+                             "or pass a .weights.h5 file.")
+    tokenizer = load_tokenizer(cfg)
+    model = build_model(cfg, tokenizer)
+    try:
+        model.load_weights(str(weights_path))
+    except ValueError as err:
+        raise UserInputError(f"{weights_path} does not match model config {cfg.model}: {err}. "
+                             "Export with the run's own preset/overrides.") from err
+    try:
+        path = export_model(cfg, model, tokenizer, verify=verify, eval_scores=_eval_scores(cfg))
+    except sm.ExportError as err:
+        raise UserInputError(str(err)) from err
+    base = Path(cfg.export.base_dir)
+    print(f"Exported {path}\nServe it with:\n  "
+          + " ".join(shlex.quote(a) for a in sm.model_server_command(base)))
+    return path

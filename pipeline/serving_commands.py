@@ -1,0 +1,195 @@
+"""`aiayn serve`, `aiayn translate`, `aiayn verify`: thin commands over aiayn.export.
+
+    aiayn serve     --preset small                 # TF Serving if installed, else Docker, else dev
+    aiayn translate --preset small "I love you."   # local export (latest version)
+    echo "I love you." | aiayn translate --server http://127.0.0.1:8501
+    aiayn verify    --preset small [--export exports/translate/3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from aiayn.pipeline.errors import UserInputError
+
+
+def _export_dir(cfg, explicit: str | None) -> Path:
+    from aiayn.export.saved_model import ExportError, latest_export
+
+    if explicit:
+        return Path(explicit)
+    try:
+        return latest_export(cfg.export.base_dir, cfg.export.model_name)
+    except ExportError as err:
+        raise UserInputError(str(err)) from None
+
+
+def _docker_answers() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def serve_command(base_dir: str | os.PathLike, rest_port: int = 8501, grpc_port: int = 8500,
+                  host: str = "127.0.0.1", backend: str = "auto") -> tuple[str, list[str]]:
+    """Which server ``serve`` starts and its command line (``backend``: auto|tfs|docker|dev)."""
+    from aiayn.export.saved_model import model_server_command
+
+    base = Path(base_dir).resolve()
+    command = model_server_command(base, grpc_port, rest_port)
+    if backend in ("auto", "tfs") and shutil.which("tensorflow_model_server"):
+        return "tensorflow_model_server", command
+    if backend == "tfs":
+        raise UserInputError("tensorflow_model_server is not on PATH. Install it "
+                             "(https://www.tensorflow.org/tfx/serving/setup) or use --backend dev.")
+    if backend in ("auto", "docker") and _docker_answers():
+        # Same absolute paths inside the container, so models.config works unchanged.
+        return "docker", ["docker", "run", "--rm", "-p", f"{host}:{grpc_port}:{grpc_port}",
+                          "-p", f"{host}:{rest_port}:{rest_port}", "-v", f"{base}:{base}:ro",
+                          "--entrypoint", "tensorflow_model_server", "tensorflow/serving"
+                          ] + command[1:]
+    if backend == "docker":
+        raise UserInputError("No Docker engine answers `docker info`; use --backend dev.")
+    return "dev", []
+
+
+def _cmd_serve(args: argparse.Namespace, cfg) -> None:
+    from aiayn.export.saved_model import model_server_command
+
+    base = Path(args.base_dir or cfg.export.base_dir)
+    if not (base / cfg.export.model_name).is_dir():
+        raise UserInputError(f"No export under {base / cfg.export.model_name}. Run "
+                             "`aiayn export` first.")
+    print("TF Serving command for this export:\n  "
+          + " ".join(shlex.quote(a) for a in model_server_command(base, args.grpc_port,
+                                                                 args.rest_port)),
+          flush=True)
+    kind, command = serve_command(base, args.rest_port, args.grpc_port, args.host, args.backend)
+    if kind != "dev":
+        print(f"Starting {kind}:\n  {' '.join(shlex.quote(a) for a in command)}", flush=True)
+        rc = subprocess.call(command)
+        if rc:
+            raise UserInputError(f"{kind} exited with status {rc}.")
+        return None
+    from aiayn.export.server import DevServer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    print("tensorflow_model_server and Docker not found: starting the development server "
+          f"(REST http://{args.host}:{args.rest_port}, gRPC {args.host}:{args.grpc_port}). "
+          "Ctrl-C stops it.", flush=True)
+    DevServer(base, host=args.host, rest_port=args.rest_port, grpc_port=args.grpc_port,
+              poll_seconds=args.poll_seconds).serve_forever()
+    return None
+
+
+def _args_serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-dir", default=None, help="Export base dir (default export.base_dir).")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="Interface to bind (default 127.0.0.1; 0.0.0.0 exposes the server).")
+    p.add_argument("--rest-port", type=int, default=8501)
+    p.add_argument("--grpc-port", type=int, default=8500)
+    p.add_argument("--backend", default="auto", choices=["auto", "tfs", "docker", "dev"],
+                   help="auto: tensorflow_model_server if on PATH, else Docker, else the "
+                        "development server.")
+    p.add_argument("--poll-seconds", type=float, default=2.0,
+                   help="Development server: how often to look for new versions.")
+
+
+def _cmd_translate(args: argparse.Namespace, cfg) -> None:
+    from aiayn.export.client import ServingClientError, connect
+
+    texts = list(args.text) or [line.rstrip("\n") for line in sys.stdin]
+    target = args.server or str(_export_dir(cfg, args.export))
+    try:
+        client = connect(target, cfg.export.model_name, args.version)
+        results = []
+        batch = cfg.export.max_batch_size
+        for start in range(0, len(texts), batch):
+            results += client.translate(texts[start:start + batch], n_best=args.n_best)
+    except ServingClientError as err:
+        raise UserInputError(f"the server refused the request: {err}") from None
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+    for i, result in enumerate(results):
+        if result.truncated:
+            print(f"warning: input {i + 1} was longer than the model's limit "
+                  f"(export.max_input_tokens) and was truncated.", file=sys.stderr)
+        if args.n_best:
+            for text, score in result.n_best:
+                print(f"{i}\t{score:.4f}\t{text}")
+        elif args.scores:
+            print(f"{result.score:.4f}\t{result.text}")
+        else:
+            print(result.text)
+    return None
+
+
+def _args_translate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("text", nargs="*", help="Sentences to translate (default: lines of stdin).")
+    p.add_argument("--server", default=None,
+                   help="http://host:8501 (REST) or grpc://host:8500 (gRPC); default: the local "
+                        "export.")
+    p.add_argument("--export", default=None,
+                   help="An export directory (version or model dir); default: the latest "
+                        "version under export.base_dir/export.model_name.")
+    p.add_argument("--version", type=int, default=None, help="A specific model version.")
+    p.add_argument("--n-best", action="store_true", help="Print every hypothesis with scores.")
+    p.add_argument("--scores", action="store_true", help="Print 'score<TAB>translation'.")
+
+
+def _cmd_verify(args: argparse.Namespace, cfg) -> dict[str, Any]:
+    from aiayn.export.verify import VerificationError, verify_export
+
+    path = _export_dir(cfg, args.export)
+    if not (path / "saved_model.pb").exists():
+        from aiayn.export.saved_model import list_versions
+
+        versions = list_versions(path)
+        if not versions:
+            raise UserInputError(f"{path} holds no SavedModel nor version directories.")
+        path = path / str(versions[-1])
+    try:
+        report = verify_export(path)
+    except (VerificationError, FileNotFoundError) as err:
+        raise UserInputError(str(err)) from None
+    print(report.signature_text)
+    if not report.ok:
+        raise UserInputError(json.dumps(report.summary(), indent=2))
+    return report.summary()
+
+
+def _args_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--export", default=None,
+                   help="Version directory to check; default: the latest under "
+                        "export.base_dir/export.model_name.")
+
+
+COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
+    "serve": ("Serve the export: tensorflow_model_server, Docker tensorflow/serving, or the "
+              "development server (REST 8501, gRPC 8500).", _cmd_serve, _args_serve),
+    "translate": ("Translate text from arguments or stdin with a local export or a server.",
+                  _cmd_translate, _args_translate),
+    "verify": ("Check an export in a fresh process: stock ops only, signatures, outputs.",
+               _cmd_verify, _args_verify),
+}
+
+
+def register(subparsers, add_config_args: Callable, load_config_fn: Callable) -> None:
+    """Adds the serving subcommands to the `aiayn` parser (see pipeline/cli.py)."""
+    for name, (help_text, handler, add_args) in COMMANDS.items():
+        p = subparsers.add_parser(name, help=help_text, description=help_text)
+        add_config_args(p)
+        add_args(p)
+        p.set_defaults(func=lambda args, h=handler: h(args, load_config_fn(args)))

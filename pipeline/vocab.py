@@ -1,0 +1,138 @@
+"""The joint source+target SentencePiece vocabulary, trained on the training split.
+
+One model for both languages (the paper's shared source-target vocabulary, §5.1), so the
+embedding and pre-softmax weights can be tied (§3.4). Ids: pad=0, unk=1, bos=2, eos=3; code reads
+them from the tokenizer (``aiayn.models.tokenizer.SubwordTokenizer``), never from here.
+
+The normaliser is SentencePiece's ``nmt_nfkc`` (NFKC plus NMT-specific clean-up). It is stored in
+the model proto and applied in-graph by the tensorflow-text op, so training and serving normalise
+identically.
+
+Example::
+
+    cfg = load_config(["small"])
+    path = train_vocab(cfg)  # data/spm.model
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import sentencepiece as spm
+
+from aiayn.pipeline.config import Config
+from aiayn.pipeline.errors import UserInputError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+NORMALIZATION_RULE = "nmt_nfkc"
+MODEL_FILENAME = "spm.model"
+
+
+def vocab_path(cfg: Config) -> Path:
+    """Where the SentencePiece model lives: ``<cfg.data.data_dir>/spm.model``."""
+    return Path(cfg.data.data_dir) / MODEL_FILENAME
+
+
+def _train_split(cfg: Config) -> Path:
+    return Path(cfg.data.data_dir) / "train.tsv"
+
+
+def _sentences(path: Path) -> Iterator[str]:
+    """Yields both sides of each `source<TAB>target` line of `path`."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            sides = line.split("\t")
+            if len(sides) != 2:
+                raise UserInputError(
+                    f"{path}:{number}: expected `source<TAB>target` (one tab), found "
+                    f"{len(sides) - 1} tab(s). Rebuild the prepared data with `aiayn data`.")
+            for side in sides:
+                if side.strip():
+                    yield side
+
+
+def train_vocab(cfg: Config) -> Path:
+    """Trains the joint SentencePiece model on both sides of ``<data_dir>/train.tsv``.
+
+    Settings come from ``cfg.data``: ``vocab_size`` (a soft limit: a corpus too small for it gets
+    a smaller vocabulary rather than an error), ``vocab_model_type`` (unigram, bpe, char, word),
+    ``character_coverage`` and ``vocab_sample_size`` (sentences sampled, seeded by ``seed``, from
+    a large corpus). The file is written atomically (temporary file, then rename).
+
+    Args:
+      cfg: the run configuration.
+
+    Returns:
+      The path of the model, ``vocab_path(cfg)``.
+
+    Raises:
+      UserInputError: ``train.tsv`` is missing (run ``aiayn data`` / ``make data``), has a line
+        without exactly one tab, is empty, or SentencePiece cannot build a vocabulary of the
+        requested size and type from it (the message says which setting to change).
+    """
+    data = cfg.data
+    train_path = _train_split(cfg)
+    if not train_path.is_file():
+        raise UserInputError(
+            f"Training split not found: {train_path}. Prepare the data first with "
+            f"`aiayn data --preset <name>` (or `make data`); it writes train/dev/test.tsv to "
+            f"`data.data_dir` ({data.data_dir}).")
+    # Fail early on an empty split (SentencePiece's own message is obscure).
+    if next(_sentences(train_path), None) is None:
+        raise UserInputError(f"{train_path} has no sentences; rebuild it with `aiayn data`.")
+
+    writer = io.BytesIO()
+    spm.set_random_generator_seed(int(data.seed))
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_sentences(train_path),
+            model_writer=writer,
+            model_type=data.vocab_model_type,
+            vocab_size=data.vocab_size,
+            # A soft limit: fewer pieces when the corpus cannot supply `vocab_size` of them.
+            hard_vocab_limit=False,
+            character_coverage=data.character_coverage,
+            normalization_rule_name=NORMALIZATION_RULE,
+            input_sentence_size=data.vocab_sample_size,
+            shuffle_input_sentence=True,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            num_threads=max(1, min(os.cpu_count() or 1, 16)),
+            minloglevel=2,
+        )
+    except UserInputError:
+        raise
+    except RuntimeError as err:
+        needed = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(err))
+        if needed:
+            fix = (f"raise `data.vocab_size` to at least {needed.group(2)} (the corpus has "
+                   "that many characters plus the 4 special pieces), or lower `data.character_coverage` "
+                   "(e.g. --set data.character_coverage=0.9995)")
+        else:
+            fix = ("the corpus is probably too small for this size or model type; lower "
+                   f"`data.vocab_size` (e.g. --set data.vocab_size={max(8, data.vocab_size // 4)}) "
+                   "or use `data.vocab_model_type=unigram`")
+        raise UserInputError(
+            f"SentencePiece could not train a {data.vocab_model_type} vocabulary of size "
+            f"{data.vocab_size} on {train_path}: {fix}. (SentencePiece said: {err})") from err
+
+    out = vocab_path(cfg)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(writer.getvalue())
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return out

@@ -1,0 +1,131 @@
+"""The exported SavedModel: layout, fresh-process verification, warmup, atomic versions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["I love you.", "", "   ", "God saw the light.", "我爱你", "Jesus wept."]
+
+
+def test_layout_and_assets(exported):
+    cfg, path = exported
+    base = path.parents[1]
+    assert path.name.isdigit() and path.parent.name == cfg.export.model_name
+    extra = path / "assets.extra"
+    for name in ("tf_serving_warmup_requests", "config.yaml", "spm.model", "verify_samples.json"):
+        assert (extra / name).is_file(), name
+    assert "model_config_list" in (base / "models.config").read_text()
+    assert f'base_path: "{path.parent.resolve()}"' in (base / "models.config").read_text()
+    assert "max_batch_size { value: 16 }" in (base / "batching_parameters.txt").read_text()
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_fresh_process_load_op_allow_list_and_parity(exported, translator):
+    from aiayn.export.verify import FORBIDDEN_OPS, verify_export
+
+    _, path = exported
+    want = translator.translate(SENTENCES)
+    want_nb = translator.translate(SENTENCES, n_best=True)
+    expected = {
+        "serving_default": {"translation": [t.decode() for t in want["translation"]],
+                            "score": want["score"].tolist()},
+        "n_best": {"translations": [[t.decode() for t in row] for row in want_nb["translations"]],
+                   "scores": want_nb["scores"].tolist()}}
+    report = verify_export(path, expected=expected, texts=SENTENCES)
+    assert report.ok, report.problems
+    # Op allow-list: every op is core TensorFlow or tensorflow-text; no Python callbacks.
+    assert set(report.ops.values()) <= {"core", "tensorflow_text", "function-call"}
+    assert not FORBIDDEN_OPS & set(report.ops)
+    assert "SentencepieceTokenizeOp" in report.ops  # tokenisation is in the graph
+    assert {"While", "StatelessWhile"} & set(report.ops)  # so is beam search
+    sig = report.signatures["serving_default"]
+    assert sig["inputs"] == {"text": {"dtype": "DT_STRING", "shape": [-1]}}
+    assert sig["outputs"]["translation"] == {"dtype": "DT_STRING", "shape": [-1]}
+    assert sig["outputs"]["score"] == {"dtype": "DT_FLOAT", "shape": [-1]}
+    assert report.signatures["n_best"]["outputs"]["translations"]["shape"] == [-1, 2]
+    assert "signature_def['serving_default']:" in report.signature_text
+    assert "Method name is: tensorflow/serving/predict" in report.signature_text
+    # Parity was checked by verify_export (expected=...); spot-check the special cases.
+    out = report.outputs["serving_default"]
+    assert out["translation"][1:3] == ["", ""] and out["score"][1:3] == [0.0, 0.0]
+    assert any(out["translation"][i] for i in (0, 3, 5))  # the model does emit text
+
+
+def test_verifier_rejects_python_ops(tmp_path):
+    import tensorflow as tf
+
+    from aiayn.export.verify import verify_export
+
+    class PyModel(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, text):
+            return {"translation": tf.py_function(lambda t: t, [text], tf.string),
+                    "score": tf.zeros(tf.shape(text), tf.float32)}
+
+    module = PyModel()
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve,
+                                                           "n_best": module.serve})
+    report = verify_export(tmp_path, texts=["x"])
+    assert not report.ok
+    assert any("EagerPyFunc" in p for p in report.problems)
+
+
+def test_warmup_file_parses_as_prediction_logs(exported):
+    from aiayn.export.saved_model import read_warmup_requests
+
+    cfg, path = exported
+    logs = read_warmup_requests(path / "assets.extra" / "tf_serving_warmup_requests")
+    assert 0 < len(logs) <= 1000
+    import tensorflow as tf
+
+    lengths = set()
+    tokenizer_lengths = []
+    for log in logs:
+        assert log.WhichOneof("log_type") == "predict_log"
+        request = log.predict_log.request
+        assert request.model_spec.signature_name in ("serving_default", "n_best")
+        texts = tf.make_ndarray(request.inputs["text"])
+        assert texts.ndim == 1 and texts.dtype == object
+        lengths.add(len(texts[0]))
+        tokenizer_lengths.append(texts[0])
+    assert len(lengths) >= len(set(min(b, 24) for b in cfg.data.bucket_boundaries)) - 1
+
+
+def test_interrupted_export_leaves_no_version(exported, trained_model, toy_tokenizer,
+                                              monkeypatch):
+    import keras
+
+    from aiayn.export import saved_model as sm
+
+    cfg, path = exported
+    model_dir = path.parent
+    before = sorted(p.name for p in model_dir.iterdir())
+
+    def interrupted_write(self, filepath, **kwargs):
+        import os
+
+        os.makedirs(os.path.join(filepath, "variables"))
+        with open(os.path.join(filepath, "saved_model.pb"), "wb") as f:
+            f.write(b"partial")
+        raise KeyboardInterrupt("simulated Ctrl-C in the middle of writing the SavedModel")
+
+    monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):
+        sm.export_saved_model(trained_model, toy_tokenizer, cfg.export.base_dir,
+                              cfg.export.model_name, options=sm.ServingOptions(beam_size=1,
+                                                                               n_best=1))
+    assert sorted(p.name for p in model_dir.iterdir()) == before
+
+
+def test_existing_version_is_refused(exported, trained_model, toy_tokenizer):
+    from aiayn.export import saved_model as sm
+
+    cfg, path = exported
+    with pytest.raises(sm.ExportError, match="already exists"):
+        sm.export_saved_model(trained_model, toy_tokenizer, cfg.export.base_dir,
+                              cfg.export.model_name, version=int(path.name))

@@ -1,0 +1,180 @@
+"""The Transformer model: invariances, cached decoding, sizes, serialisation, precision, fit."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+from aiayn.models.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
+from aiayn.models.schedule import TransformerSchedule
+from aiayn.models.transformer import Transformer
+from aiayn.pipeline.config import load_config
+
+from models_helpers import BOS, EOS, PAD, TINY, VOCAB, make_batch, make_model
+
+
+def _logits(model, features, **kwargs):
+    return ops.convert_to_numpy(model(features, training=False, **kwargs))
+
+
+def test_output_shape_and_dtype(tiny_model):
+    logits = tiny_model(make_batch(), training=False)
+    assert tuple(logits.shape) == (3, 6, VOCAB) and logits.dtype == "float32"
+
+
+def test_padding_invariance(tiny_model):
+    features = make_batch()
+    changed = {k: v.copy() for k, v in features.items()}
+    for ids, mask in (("encoder_token_ids", "encoder_padding_mask"),
+                      ("decoder_token_ids", "decoder_padding_mask")):
+        changed[ids] = np.where(changed[mask], changed[ids], 17)  # other pad tokens
+    a, b = _logits(tiny_model, features), _logits(tiny_model, changed)
+    real = features["decoder_padding_mask"]
+    np.testing.assert_allclose(a[real], b[real], atol=1e-5)
+
+
+def test_causality(tiny_model):
+    features = make_batch(pad_tail=False)
+    changed = {k: v.copy() for k, v in features.items()}
+    changed["decoder_token_ids"][:, 4:] = 9  # change the future
+    a, b = _logits(tiny_model, features), _logits(tiny_model, changed)
+    np.testing.assert_allclose(a[:, :4], b[:, :4], atol=1e-5)
+    assert not np.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True, "tie_embeddings": False}])
+def test_cached_decoding_equals_full_forward(overrides):
+    model = make_model(**overrides)
+    features = make_batch(pad_tail=False)
+    full = _logits(model, features)
+    memory = model.encoder_memory(
+        model.encode(features["encoder_token_ids"], features["encoder_padding_mask"]),
+        features["encoder_padding_mask"])
+    length = features["decoder_token_ids"].shape[1]
+    cache = model.init_cache(3, length + 2)  # a longer cache than needed is fine
+    steps = []
+    for i in range(length):
+        logits, cache = model.decode_step(
+            ops.convert_to_tensor(features["decoder_token_ids"][:, i]), cache, i, memory)
+        steps.append(ops.convert_to_numpy(logits))
+    np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-5)
+
+
+def test_dropout_only_in_training(tiny_model):
+    features = make_batch()
+    a = _logits(tiny_model, features)
+    np.testing.assert_allclose(a, _logits(tiny_model, features))
+    assert not np.allclose(a, ops.convert_to_numpy(tiny_model(features, training=True)))
+
+
+def test_attention_weights_for_plots(tiny_model):
+    weights = tiny_model.attention_weights(make_batch())
+    assert [tuple(w.shape) for w in weights["encoder_self"]] == [(3, 2, 7, 7)] * 2
+    assert [tuple(w.shape) for w in weights["decoder_self"]] == [(3, 2, 6, 6)] * 2
+    assert [tuple(w.shape) for w in weights["cross"]] == [(3, 2, 6, 7)] * 2
+    self_w = ops.convert_to_numpy(weights["decoder_self"][0])
+    assert np.all(np.triu(self_w[0, 0], k=1) == 0)  # causal
+
+
+def _param_count(preset):
+    cfg = load_config([preset])
+    model = Transformer(vocabulary_size=cfg.data.vocab_size, pad_id=0,
+                        **dataclasses.asdict(cfg.model))
+    model.build()
+    return model.count_params()
+
+
+def test_parameter_counts_base_and_big():
+    # Paper Table 3 reports 65M and 213M; with a shared 37000 vocabulary, tied output.
+    assert 62e6 < _param_count("base") < 64e6
+    assert 211e6 < _param_count("big") < 215e6
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="must divide `hidden_dim`"):
+        Transformer(vocabulary_size=VOCAB, pad_id=PAD, **{**TINY, "num_heads": 3})
+    with pytest.raises(ValueError, match="pad_id"):
+        Transformer(vocabulary_size=VOCAB, pad_id=VOCAB, **TINY)
+
+
+def test_config_and_keras_file_round_trip(tmp_path):
+    model = make_model(norm_first=True)
+    config = model.get_config()
+    assert {k: config[k] for k in TINY} == {**TINY, "norm_first": True}
+    clone = Transformer.from_config(config)
+    assert clone.get_config() == config
+    features = make_batch()
+    expected = _logits(model, features)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    np.testing.assert_allclose(_logits(restored, features), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_float32_logits_and_fully_padded_rows(policy):
+    model = make_model(dtype=policy)
+    features = make_batch()
+    features["encoder_padding_mask"][2] = False  # a fully padded row
+    features["decoder_padding_mask"][2] = False
+    logits = model(features, training=True)
+    assert logits.dtype == "float32"
+    assert np.all(np.isfinite(ops.convert_to_numpy(logits)))
+    labels = np.where(features["decoder_padding_mask"], features["decoder_token_ids"], PAD)
+    loss = MaskedLabelSmoothedCrossEntropy(0.1, PAD)(labels, logits)
+    assert np.isfinite(float(loss))
+    out = model.generate(features["encoder_token_ids"], features["encoder_padding_mask"],
+                         BOS, EOS, beam_size=2, max_extra_length=3)
+    assert np.all(np.isfinite(ops.convert_to_numpy(out["scores"])))
+
+
+def test_loss_is_mean_over_real_tokens_with_label_smoothing():
+    logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
+    labels = np.array([[1, 2, 0], [4, 0, 0]])
+    eps = 0.1
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    per_token = -(1 - eps) * np.take_along_axis(logp, labels[..., None], -1)[..., 0] \
+        - eps * logp.mean(-1)
+    expected = per_token[labels != 0].mean()
+    got = float(MaskedLabelSmoothedCrossEntropy(eps, pad_id=0)(labels, logits))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    acc = MaskedAccuracy(pad_id=0)
+    acc.update_state(labels, logits)
+    real = labels != 0
+    np.testing.assert_allclose(float(acc.result()),
+                               (logits.argmax(-1) == labels)[real].mean(), rtol=1e-6)
+    for obj in (MaskedLabelSmoothedCrossEntropy(0.2, 3), MaskedAccuracy(5)):
+        clone = obj.__class__.from_config(obj.get_config())
+        assert clone.get_config() == obj.get_config()
+
+
+def test_schedule_matches_formula_and_round_trips():
+    schedule = TransformerSchedule(512, warmup_steps=4000, scale=2.0)
+    for iteration in (0, 99, 3999, 9999):
+        step = iteration + 1
+        expected = 2.0 * 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+        np.testing.assert_allclose(float(schedule(iteration)), expected, rtol=1e-5)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert restored.get_config() == schedule.get_config()
+    with pytest.raises(ValueError, match="warmup_steps"):
+        TransformerSchedule(512, 0)
+
+
+def test_one_training_step_under_jit_compile():
+    model = make_model()
+    features = make_batch()
+    labels = np.where(features["decoder_padding_mask"],
+                      np.roll(features["decoder_token_ids"], -1, axis=1), PAD)
+    model.compile(optimizer=keras.optimizers.Adam(TransformerSchedule(16, 10), beta_2=0.98,
+                                                  epsilon=1e-9),
+                  loss=MaskedLabelSmoothedCrossEntropy(0.1, PAD),
+                  metrics=[MaskedAccuracy(PAD)], jit_compile=True)
+    before = [ops.convert_to_numpy(w).copy() for w in model.trainable_weights]
+    dataset = tf.data.Dataset.from_tensors((features, labels))
+    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"][0])
+    after = [ops.convert_to_numpy(w) for w in model.trainable_weights]
+    assert any(not np.allclose(a, b) for a, b in zip(before, after))

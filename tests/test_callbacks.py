@@ -1,0 +1,204 @@
+"""Training callbacks on small stand-in models: checkpoints, averaging, dev BLEU, budgets."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from aiayn.pipeline import callbacks as cb  # noqa: E402
+from aiayn.pipeline.train import average_weight_files  # noqa: E402
+
+
+def _dense_model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense"),
+                              keras.layers.Dropout(0.1, name="dropout")])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+def _fit(model, steps: int, callbacks, steps_per_epoch: int | None = None):
+    import tensorflow as tf
+
+    x = np.ones((4, 3), "float32")
+    y = np.zeros((4, 2), "float32")
+    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+    spe = steps_per_epoch or steps
+    model.fit(ds, epochs=-(-steps // spe), steps_per_epoch=spe, callbacks=callbacks, verbose=0,
+              shuffle=False)
+
+
+def test_average_weight_files_is_the_mean_of_known_weights(tmp_path):
+    model = _dense_model()
+    paths = []
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        model.get_layer("dense").set_weights([np.full((3, 2), value, "float32"),
+                                              np.arange(2, dtype="float32") * value])
+        paths.append(cb.save_model_weights(model, tmp_path / f"ckpt-{i}.weights.h5"))
+    model.get_layer("dense").set_weights([np.zeros((3, 2), "float32"), np.zeros(2, "float32")])
+    average_weight_files(model, paths)
+    kernel, bias = model.get_layer("dense").get_weights()
+    np.testing.assert_allclose(kernel, np.full((3, 2), 3.0))
+    np.testing.assert_allclose(bias, [0.0, 3.0])
+    with pytest.raises(ValueError, match="at least one"):
+        average_weight_files(model, [])
+
+
+def test_model_weight_files_skip_the_optimizer_and_load_into_an_uncompiled_model(tmp_path):
+    import h5py
+
+    model = _dense_model()
+    _fit(model, 2, [])
+    path = cb.save_model_weights(model, tmp_path / "m.weights.h5")
+    with h5py.File(path) as f:
+        assert "optimizer" not in f
+    fresh = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense"),
+                              keras.layers.Dropout(0.1, name="dropout")])
+    cb.load_model_weights(fresh, path)
+    np.testing.assert_array_equal(fresh.get_layer("dense").get_weights()[0],
+                                  model.get_layer("dense").get_weights()[0])
+
+
+def test_step_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
+    model = _dense_model()
+    _fit(model, 12, [cb.Budget(max_steps=9), cb.StepCheckpoints(tmp_path, every=2, keep=3)],
+         steps_per_epoch=4)
+    steps = [s for s, _ in cb.list_checkpoints(tmp_path)]
+    # 2, 4, 6, 8 and the final 9; the last three are kept.
+    assert steps == [6, 8, 9]
+
+
+def test_budget_stops_at_the_step_budget_and_at_the_time_budget():
+    model = _dense_model()
+    budget = cb.Budget(max_steps=5)
+    _fit(model, 50, [budget], steps_per_epoch=3)
+    assert cb.current_step(model) == 5 and budget.reason == "steps"
+
+    class FrozenClock(cb.TrainingClock):
+        def elapsed(self):
+            return 61.0
+
+    model = _dense_model()
+    budget = cb.Budget(max_steps=50, max_minutes=1.0, clock=FrozenClock())
+    _fit(model, 50, [budget], steps_per_epoch=10)
+    assert cb.current_step(model) == 1 and budget.reason == "time"
+
+
+class _ScriptedTranslator:
+    """Returns scripted hypotheses: perfect, then worse and worse (a degrading model)."""
+
+    def __init__(self, references):
+        self.references = references
+        self.calls = 0
+
+    def __call__(self, sources):
+        self.calls += 1
+        if self.calls == 1:
+            return [self.references[0]] + ["nothing here"] * (len(sources) - 1)  # half right
+        if self.calls == 2:
+            return list(self.references)  # perfect: BLEU 100
+        return ["nothing here"] * len(sources)
+
+
+def test_dev_evaluator_scores_tracks_the_best_and_stops_early(tmp_path):
+    references = ["the cat sat on the mat", "a dog ran in the park"]
+    sources = ["le chat", "un chien"]
+    model = _dense_model()
+    history = cb.RunHistory(tmp_path)
+    stream = io.StringIO()
+
+    class Snapshot(keras.callbacks.Callback):
+        """Records the dense kernel at every step to compare with best.weights.h5."""
+
+        def __init__(self):
+            super().__init__()
+            self.kernels = {}
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.kernels[cb.current_step(self.model)] = \
+                self.model.get_layer("dense").get_weights()[0].copy()
+
+    snapshot = Snapshot()
+    evaluator = cb.DevEvaluator(_ScriptedTranslator(references), sources, references, every=2,
+                                best_path=tmp_path / "best.weights.h5", patience=2,
+                                history=history, state_path=tmp_path / "dev_state.json",
+                                stream=stream)
+    _fit(model, 40, [snapshot, evaluator], steps_per_epoch=5)
+
+    bleus = [r["bleu"] for r in evaluator.results]
+    assert [r["step"] for r in evaluator.results] == [2, 4, 6, 8]
+    assert bleus[1] == pytest.approx(100.0)
+    assert 0.0 < bleus[0] < 100.0 and bleus[2] == bleus[3] == 0.0
+    # Two evaluations without gain after step 4: training stops at step 8.
+    assert evaluator.stopped_early and cb.current_step(model) == 8
+    assert evaluator.best_step == 4 and evaluator.best_bleu == pytest.approx(100.0)
+    best = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense"),
+                             keras.layers.Dropout(0.1, name="dropout")])
+    cb.load_model_weights(best, tmp_path / "best.weights.h5")
+    np.testing.assert_array_equal(best.get_layer("dense").get_weights()[0], snapshot.kernels[4])
+    rows = {r["step"]: r for r in json.loads((tmp_path / "history.json").read_text())["rows"]}
+    assert rows[4]["dev_bleu"] == pytest.approx(100.0) and "dev_chrf" in rows[4]
+    state = json.loads((tmp_path / "dev_state.json").read_text())
+    assert state["best_step"] == 4
+    assert "early stopping" in stream.getvalue()
+
+
+def test_dev_evaluator_resumes_best_and_patience_from_its_state(tmp_path):
+    references = ["the cat sat on the mat"]
+    state = {"results": [{"step": 2, "bleu": 10.0, "chrf": 1.0},
+                         {"step": 4, "bleu": 5.0, "chrf": 1.0},
+                         {"step": 6, "bleu": 50.0, "chrf": 1.0}]}  # step 6: lost future
+    (tmp_path / "dev_state.json").write_text(json.dumps(state))
+    model = _dense_model()
+    _fit(model, 4, [])  # the restored model is at step 4
+    evaluator = cb.DevEvaluator(lambda s: ["x"] * len(s), ["src"], references, every=0,
+                                patience=2, state_path=tmp_path / "dev_state.json")
+    evaluator.set_model(model)
+    evaluator.on_train_begin()
+    assert [r["step"] for r in evaluator.results] == [2, 4]
+    assert (evaluator.best_bleu, evaluator.best_step, evaluator.bad_evals) == (10.0, 2, 1)
+
+
+def test_target_tokens_counts_real_tokens_and_progress_reports_tokens_per_second(tmp_path):
+    metric = cb.TargetTokens(pad_id=0)
+    metric.update_state(np.array([[5, 6, 0], [7, 0, 0]]))
+    assert float(metric.result()) == 3.0
+    assert cb.TargetTokens.from_config(metric.get_config()).pad_id == 0
+
+    model = _dense_model()
+    stream = io.StringIO()
+    history = cb.RunHistory(tmp_path)
+    clock = cb.TrainingClock()
+    progress = cb.ProgressLogger(6, history, clock, max_minutes=1.0, log_every=2, every_s=0.0,
+                                 stream=stream)
+
+    class FakeTokens(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            logs["target_tokens"] = 100.0 * (batch + 1)  # 100 real tokens per batch
+
+    _fit(model, 6, [FakeTokens(), progress], steps_per_epoch=3)
+    lines = stream.getvalue().strip().splitlines()
+    assert lines[-1].startswith("step 6/6 (100.0%)")
+    assert "tok/s" in lines[-1] and "ETA" in lines[-1] and "lr " in lines[-1]
+    assert progress.tokens_total == 600.0
+    rows = json.loads((tmp_path / "history.json").read_text())["rows"]
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    assert all(r["tokens_per_s"] > 0 and np.isfinite(r["loss"]) for r in rows)
+    csv_header = (tmp_path / "history.csv").read_text().splitlines()[0].split(",")
+    assert {"step", "loss", "learning_rate", "tokens_per_s"} <= set(csv_header)
+
+
+def test_restored_epoch_reads_the_backup_and_falls_back_to_the_previous_one(tmp_path):
+    assert cb.restored_epoch(tmp_path) == 0
+    (tmp_path / "latest.weights.h5").write_bytes(b"x")
+    (tmp_path / "training_metadata.json").write_text('{"epoch": 3, "batch": 0}')
+    assert cb.restored_epoch(tmp_path) == 3
+    (tmp_path / "training_metadata.json").write_text("{corrupt")
+    (tmp_path / "latest.weights.h5.bkp").write_bytes(b"x")
+    (tmp_path / "training_metadata.json.bkp").write_text('{"epoch": 2, "batch": 0}')
+    assert cb.restored_epoch(tmp_path) == 2

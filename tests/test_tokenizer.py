@@ -1,0 +1,129 @@
+"""SubwordTokenizer: round trip, special ids from the model, CJK, NFKC, SavedModel."""
+
+import unicodedata
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from aiayn.models.tokenizer import SubwordTokenizer
+
+
+def _texts(strings):
+    return [s.decode("utf-8") for s in np.asarray(strings).tolist()]
+
+
+def test_special_ids_come_from_the_model(spm_model_path, toy_tokenizer):
+    reference = spm.SentencePieceProcessor(model_file=str(spm_model_path))
+    assert (toy_tokenizer.pad_id, toy_tokenizer.unk_id, toy_tokenizer.bos_id,
+            toy_tokenizer.eos_id) == (reference.pad_id(), reference.unk_id(),
+                                      reference.bos_id(), reference.eos_id()) == (0, 1, 2, 3)
+    assert toy_tokenizer.vocabulary_size == reference.get_piece_size()
+    assert toy_tokenizer.model_proto == spm_model_path.read_bytes()
+    pieces = _texts(toy_tokenizer.id_to_piece(tf.constant([0, 1, 2, 3])))
+    assert pieces == ["<pad>", "<unk>", "<s>", "</s>"]
+
+
+def test_special_ids_follow_a_model_with_other_ids(toy_pairs):
+    # A model trained with different ids: the wrapper must follow it, not assume 0..3.
+    import io
+
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([s for pair in toy_pairs for s in pair]), model_writer=writer,
+        vocab_size=150, hard_vocab_limit=False, pad_id=3, unk_id=0, bos_id=1, eos_id=2,
+        minloglevel=2)
+    tokenizer = SubwordTokenizer(writer.getvalue())
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (3, 0, 1, 2)
+
+
+def test_tokenize_returns_ragged_int32_without_bos_eos(toy_tokenizer):
+    ids = toy_tokenizer.tokenize(tf.constant(["I love you.", "Jesus wept."]))
+    assert isinstance(ids, tf.RaggedTensor)
+    assert ids.dtype == tf.int32 and ids.shape.rank == 2
+    flat = ids.flat_values.numpy()
+    assert flat.size > 0
+    assert not np.isin(flat, [toy_tokenizer.bos_id, toy_tokenizer.eos_id,
+                              toy_tokenizer.pad_id]).any()
+
+
+def test_round_trip_including_cjk(toy_tokenizer, toy_pairs):
+    texts = [s for pair in toy_pairs for s in pair]
+    ids = toy_tokenizer.tokenize(tf.constant(texts))
+    # Round trip up to the model's NFKC normalisation (e.g. "，" -> ",", "Ａ" -> "A").
+    assert _texts(toy_tokenizer.detokenize(ids)) == [unicodedata.normalize("NFKC", t)
+                                                     for t in texts]
+    # The paper's motivating example: text without spaces.
+    cjk = toy_tokenizer.tokenize(tf.constant(["我爱你"]))
+    assert cjk.row_lengths().numpy()[0] >= 1
+    assert toy_tokenizer.unk_id not in cjk.flat_values.numpy().tolist()
+    assert _texts(toy_tokenizer.detokenize(cjk)) == ["我爱你"]
+
+
+def test_nfkc_normalisation_is_in_graph(toy_tokenizer):
+    full_width = toy_tokenizer.tokenize(tf.constant(["ＡＢＣ １２３"]))
+    ascii_ids = toy_tokenizer.tokenize(tf.constant(["ABC 123"]))
+    assert full_width.to_list() == ascii_ids.to_list()
+    assert _texts(toy_tokenizer.detokenize(full_width)) == ["ABC 123"]
+
+
+def test_detokenize_dense_stops_at_first_eos_or_pad(toy_tokenizer):
+    ids = toy_tokenizer.tokenize(tf.constant(["I love you.", "Jesus wept."]))
+    eos, pad = toy_tokenizer.eos_id, toy_tokenizer.pad_id
+    rows = ids.to_list()
+    junk = toy_tokenizer.tokenize(tf.constant(["God"])).to_list()[0]
+    width = max(len(r) for r in rows) + 1 + len(junk) + 2
+    dense = []
+    for row, stop in zip(rows, (eos, pad)):
+        full = row + [stop] + junk  # tokens after the stop id must be ignored
+        dense.append(full + [pad] * (width - len(full)))
+    out = toy_tokenizer.detokenize(tf.constant(dense, tf.int64))
+    assert _texts(out) == ["I love you.", "Jesus wept."]
+    with pytest.raises(ValueError, match="shape"):
+        toy_tokenizer.detokenize(tf.constant([1, 2, 3]))
+
+
+def test_featurize_source_truncates_and_masks(toy_tokenizer):
+    ids, mask = toy_tokenizer.featurize_source(
+        tf.constant(["In the beginning God created the heavens and the earth.", "我爱你"]), 5)
+    assert ids.dtype == tf.int32 and mask.dtype == tf.bool
+    assert ids.shape[0] == 2 and ids.shape[1] <= 5
+    np.testing.assert_array_equal(mask.numpy(), ids.numpy() != toy_tokenizer.pad_id)
+    with pytest.raises(ValueError, match="max_length"):
+        toy_tokenizer.featurize_source(tf.constant(["x"]), 0)
+
+
+def test_from_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="aiayn vocab"):
+        SubwordTokenizer.from_file(tmp_path / "missing.model")
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="SentencePiece"):
+        SubwordTokenizer.from_file(bad)
+
+
+def test_saved_model_carries_the_tokenizer(toy_tokenizer, tmp_path):
+    """The tokenizer lives inside a SavedModel: the model file is not needed to reload it."""
+
+    class Exported(tf.Module):
+        def __init__(self, tokenizer):
+            super().__init__()
+            self.tokenizer = tokenizer
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def round_trip(self, text):
+            ids = self.tokenizer.tokenize(text)
+            dense = ids.to_tensor(default_value=self.tokenizer.pad_id)
+            return {"text": self.tokenizer.detokenize(dense), "lengths": ids.row_lengths()}
+
+    module = Exported(toy_tokenizer)
+    path = str(tmp_path / "saved")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.round_trip})
+    del module
+    loaded = tf.saved_model.load(path)
+    texts = ["I love you.", "我爱你", "ＡＢＣ"]
+    out = loaded.signatures["serving_default"](text=tf.constant(texts))
+    assert _texts(out["text"]) == ["I love you.", "我爱你", "ABC"]
+    expected = toy_tokenizer.tokenize(tf.constant(texts)).row_lengths().numpy()
+    np.testing.assert_array_equal(out["lengths"].numpy(), expected)

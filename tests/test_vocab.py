@@ -1,0 +1,93 @@
+"""Vocabulary training: settings from the config, model types, atomic write, clear errors."""
+
+import unicodedata
+
+import pytest
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+from aiayn.pipeline.config import load_config
+from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.vocab import train_vocab, vocab_path
+
+
+def _config(data_dir, *overrides):
+    return load_config(["tiny"], [f"data.data_dir={data_dir}", *overrides])
+
+
+def _proto(path):
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    return proto
+
+
+def test_trained_model_settings(spm_model_path, toy_config):
+    assert spm_model_path == vocab_path(toy_config)
+    assert spm_model_path.name == "spm.model"
+    proto = _proto(spm_model_path)
+    assert proto.normalizer_spec.name == "nmt_nfkc"
+    assert proto.trainer_spec.model_type == model_pb2.TrainerSpec.UNIGRAM
+    assert (proto.trainer_spec.pad_id, proto.trainer_spec.unk_id, proto.trainer_spec.bos_id,
+            proto.trainer_spec.eos_id) == (0, 1, 2, 3)
+    # vocab_size is a soft limit: the toy corpus cannot fill 200 pieces with a unigram model.
+    assert 0 < len(proto.pieces) <= 200
+    assert not list(spm_model_path.parent.glob(".spm.model.*.tmp"))
+
+
+def test_trains_on_both_sides(spm_model_path, toy_pairs):
+    processor = spm.SentencePieceProcessor(model_file=str(spm_model_path))
+    pieces = {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
+    # Characters only found on the Spanish side and on the English side are both covered.
+    for char in ("ñ", "ó", "w", "k"):
+        assert any(char in p for p in pieces), char
+
+
+@pytest.mark.parametrize("model_type,size", [("unigram", 120), ("bpe", 120), ("char", 100),
+                                             ("word", 400)])
+def test_model_types_and_size(toy_data_dir, tmp_path, model_type, size):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "train.tsv").write_bytes((toy_data_dir / "train.tsv").read_bytes())
+    cfg = _config(data_dir, f"data.vocab_model_type={model_type}", f"data.vocab_size={size}")
+    path = train_vocab(cfg)
+    proto = _proto(path)
+    assert model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower() == model_type
+    assert len(proto.pieces) <= size
+    processor = spm.SentencePieceProcessor(model_file=str(path))
+    text = "God said, Let there be light."
+    assert processor.decode(processor.encode(text)) == unicodedata.normalize("NFKC", text)
+
+
+def test_missing_training_split_says_how_to_make_it(tmp_path):
+    with pytest.raises(UserInputError, match=r"train\.tsv.*aiayn data.*make data"):
+        train_vocab(_config(tmp_path))
+    assert not (tmp_path / "spm.model").exists()
+
+
+def test_bad_line_names_file_and_line(tmp_path):
+    (tmp_path / "train.tsv").write_text("a\tb\nno tab here\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match=r"train\.tsv:2: .*one tab"):
+        train_vocab(_config(tmp_path))
+
+
+def test_empty_split_is_an_error(tmp_path):
+    (tmp_path / "train.tsv").write_text("", encoding="utf-8")
+    with pytest.raises(UserInputError, match="no sentences"):
+        train_vocab(_config(tmp_path))
+
+
+def test_size_below_character_count_says_what_to_change(toy_data_dir, tmp_path):
+    (tmp_path / "train.tsv").write_bytes((toy_data_dir / "train.tsv").read_bytes())
+    with pytest.raises(UserInputError, match=r"raise `data\.vocab_size` to at least \d+"):
+        train_vocab(_config(tmp_path, "data.vocab_size=20"))
+    assert not (tmp_path / "spm.model").exists()
+
+
+def test_deterministic(toy_data_dir, tmp_path):
+    outputs = []
+    for name in ("a", "b"):
+        data_dir = tmp_path / name
+        data_dir.mkdir()
+        (data_dir / "train.tsv").write_bytes((toy_data_dir / "train.tsv").read_bytes())
+        outputs.append(train_vocab(_config(data_dir, "data.vocab_size=150")).read_bytes())
+    assert outputs[0] == outputs[1]
