@@ -1,0 +1,126 @@
+"""Decoding speed: cached greedy / beam-4 against an uncached decoder (the tutorial's method).
+
+A random-weight `small` Transformer translates a batch of 64 random source sentences. The
+uncached decoder re-runs the whole decoder over the prefix at every step (logits only for the
+last position, which favours the baseline). Both are forced to emit exactly the same number of
+tokens (an EOS id that never matches). Prints a table, then one JSON line.
+
+    .venv/bin/python bench/decode.py [--tokens 50] [--batch 64] [--source-length 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras import ops  # noqa: E402
+
+from aiayn.models import decoding  # noqa: E402
+from aiayn.models.transformer import Transformer  # noqa: E402
+from aiayn.pipeline.config import load_config  # noqa: E402
+
+BOS, NEVER = 2, -1
+
+
+def build(args):
+    cfg = load_config(["small"])
+    keras.utils.set_random_seed(0)
+    model = Transformer(vocabulary_size=cfg.data.vocab_size, pad_id=0,
+                        **dataclasses.asdict(cfg.model))
+    model.build()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, cfg.data.vocab_size, (args.batch, args.source_length)).astype("int32")
+    return model, tf.constant(ids), tf.ones_like(ids, dtype=tf.bool)
+
+
+def make_decoders(model, beam_size, jit):
+    spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.bool),
+            tf.TensorSpec([], tf.int32)]
+
+    def run(ids, mask, max_length, cached):
+        batch = tf.shape(ids)[0]
+        encoded = model.encode(ids, mask)
+        memory = model.encoder_memory(encoded, mask)
+        expand = (lambda t: decoding.expand_to_beams(t, beam_size)) if beam_size > 1 else None
+        if expand:
+            memory = keras.tree.map_structure(expand, memory)
+            encoded, mask = expand(encoded), expand(mask)
+        if cached:
+            cache = model.init_cache(batch * beam_size, max_length)
+
+            def step_fn(seq, cache, index):
+                return model.decode_step(ops.take(seq, index, axis=1), cache, index, memory)
+        else:
+            cache = ()
+
+            def step_fn(seq, cache, index):  # re-run the decoder over the whole prefix
+                prefix = seq[:, :index + 1]  # (N, index + 1)
+                x = model.embedding(prefix, training=False)
+                x = model.decoder(x, encoded, encoder_padding_mask=mask, training=False)
+                return model._logits(x[:, -1:])[:, 0], cache
+        if beam_size == 1:
+            return decoding.greedy_search(step_fn, cache, batch, BOS, NEVER, 0, max_length)
+        return decoding.beam_search(step_fn, cache, batch, BOS, NEVER, 0, beam_size,
+                                    max_length, 0.6)
+
+    cached = tf.function(lambda a, b, n: run(a, b, n, True), input_signature=spec,
+                         jit_compile=jit)
+    uncached = tf.function(lambda a, b, n: run(a, b, n, False), input_signature=spec)
+    return cached, uncached
+
+
+def timed(fn, ids, mask, tokens, repeats=1):
+    fn(ids, mask, tf.constant(2))  # trace (and compile) once on a short run
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn(ids, mask, tf.constant(tokens))
+        np.asarray(out["token_ids"])
+        best = min(best, time.perf_counter() - start)
+    lengths = np.asarray(out["lengths"])
+    assert np.all(lengths == tokens), lengths  # forced length
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--source-length", type=int, default=20)
+    args = parser.parse_args()
+    model, ids, mask = build(args)
+    rows, result = [], {}
+    for name, beam in (("greedy", 1), ("beam4", 4)):
+        cached_graph, uncached = make_decoders(model, beam, jit=False)
+        cached_xla, _ = make_decoders(model, beam, jit=True)
+        t_graph = timed(cached_graph, ids, mask, args.tokens, repeats=2)
+        t_xla = timed(cached_xla, ids, mask, args.tokens, repeats=2)
+        t_uncached = timed(uncached, ids, mask, args.tokens)
+        t_best = min(t_graph, t_xla)
+        for label, seconds in (("uncached (tutorial)", t_uncached), ("cached", t_graph),
+                               ("cached + XLA", t_xla)):
+            rows.append((name, label, seconds, args.batch / seconds,
+                         args.batch * args.tokens / seconds))
+        result[f"cached_over_uncached_{name}"] = round(t_uncached / t_best, 2)
+        result[f"{name}_sent_per_s"] = round(args.batch / t_best, 2)
+        result[f"{name}_cached_no_xla_over_uncached"] = round(t_uncached / t_graph, 2)
+    print(f"small model, random weights, batch {args.batch}, source length "
+          f"{args.source_length}, {args.tokens} output tokens forced; "
+          f"{os.cpu_count()} CPU cores; best of 2 timed runs (uncached: 1)")
+    print(f"{'search':<8} {'decoder':<20} {'seconds':>8} {'sent/s':>9} {'tokens/s':>10}")
+    for name, label, seconds, sps, tps in rows:
+        print(f"{name:<8} {label:<20} {seconds:8.2f} {sps:9.2f} {tps:10.1f}")
+    result.update(batch=args.batch, tokens=args.tokens, cpu_count=os.cpu_count())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
