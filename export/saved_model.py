@@ -464,6 +464,9 @@ def export_saved_model(model: Any, tokenizer: Any, base_dir: str | os.PathLike,
             (extra / "eval_scores.json").write_text(
                 json.dumps(dict(eval_scores), indent=2, default=str), encoding="utf-8")
         samples = list(sample_texts)
+        if options.on_long_input == "reject":  # over-long samples would (rightly) be refused
+            counts = tokenizer.tokenize(tf.constant(samples or [""], tf.string)).row_lengths()
+            samples = [t for t, n in zip(samples, counts.numpy()) if n <= translator.input_limit]
         (extra / SAMPLES_FILE).write_text(json.dumps({
             "texts": samples,
             SERVING_SIGNATURE: _jsonable(translator.translate(samples)),

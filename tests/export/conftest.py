@@ -53,7 +53,7 @@ def trained_model(export_cfg, toy_tokenizer, toy_pairs):
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True, ignore_class=toy_tokenizer.pad_id))
     x, y = _features(toy_tokenizer, toy_pairs)
-    model.fit(x, y, batch_size=len(toy_pairs), epochs=15, verbose=0)
+    model.fit(x, y, batch_size=len(toy_pairs), epochs=40, verbose=0)
     from pathlib import Path
 
     run_dir = Path(export_cfg.train.run_dir)
