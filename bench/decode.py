@@ -1,8 +1,8 @@
 """Decoding speed: cached greedy / beam-4 against an uncached decoder (the tutorial's method).
 
 A random-weight `small` Transformer translates a batch of 64 random source sentences. The
-uncached decoder re-runs the whole decoder over the prefix at every step (logits only for the
-last position, which favours the baseline). Both are forced to emit exactly the same number of
+uncached decoder is the TensorFlow tutorial's Translator: at every step it re-runs the whole
+model (encoder and decoder) over the prefix and keeps the last position's logits. Both are forced to emit exactly the same number of
 tokens (an EOS id that never matches). Prints a table, then one JSON line.
 
     .venv/bin/python bench/decode.py [--tokens 50] [--batch 64] [--source-length 20]
@@ -50,9 +50,10 @@ def make_decoders(model, beam_size, jit):
         encoded = model.encode(ids, mask)
         memory = model.encoder_memory(encoded, mask)
         expand = (lambda t: decoding.expand_to_beams(t, beam_size)) if beam_size > 1 else None
+        source_ids, source_mask = ids, mask
         if expand:
             memory = keras.tree.map_structure(expand, memory)
-            encoded, mask = expand(encoded), expand(mask)
+            source_ids, source_mask = expand(ids), expand(mask)
         if cached:
             cache = model.init_cache(batch * beam_size, max_length)
 
@@ -61,11 +62,16 @@ def make_decoders(model, beam_size, jit):
         else:
             cache = ()
 
-            def step_fn(seq, cache, index):  # re-run the decoder over the whole prefix
+            def step_fn(seq, cache, index):
+                # The tutorial's Translator: the whole model (encoder included) over the prefix
+                # at every step, logits for every position, keep the last.
                 prefix = seq[:, :index + 1]  # (N, index + 1)
-                x = model.embedding(prefix, training=False)
-                x = model.decoder(x, encoded, encoder_padding_mask=mask, training=False)
-                return model._logits(x[:, -1:])[:, 0], cache
+                logits = model({"encoder_token_ids": source_ids,
+                                "encoder_padding_mask": source_mask,
+                                "decoder_token_ids": prefix,
+                                "decoder_padding_mask": ops.ones_like(prefix, dtype="bool")},
+                               training=False)  # (N, index + 1, V)
+                return logits[:, -1], cache
         if beam_size == 1:
             return decoding.greedy_search(step_fn, cache, batch, BOS, NEVER, 0, max_length)
         return decoding.beam_search(step_fn, cache, batch, BOS, NEVER, 0, beam_size,

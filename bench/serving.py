@@ -66,7 +66,7 @@ def _percentile(values, q):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--requests", type=int, default=40, help="single-sentence latency runs")
+    parser.add_argument("--requests", type=int, default=20, help="single-sentence latency runs")
     parser.add_argument("--max-extra-length", type=int, default=None,
                         help="override decode.max_extra_length (default: the preset's)")
     args = parser.parse_args(argv)

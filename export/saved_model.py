@@ -328,7 +328,17 @@ def _text_of_length(tokenizer: Any, n_tokens: int, offset: int) -> str:
 def warmup_texts(tokenizer: Any, bucket_boundaries: Sequence[int], limit: int) -> list[str]:
     """One sentence per length bucket (capped at the input limit)."""
     lengths = sorted({min(b, limit) for b in bucket_boundaries} | {min(4, limit)})
-    return [_text_of_length(tokenizer, n, offset=i) for i, n in enumerate(lengths)]
+    texts = []
+    for i, n in enumerate(lengths):
+        # Detokenise-then-tokenise need not round-trip: shorten until it fits the limit (a
+        # warmup request that the export rejects would stop the server loading the version).
+        for k in range(n, 0, -1):
+            text = _text_of_length(tokenizer, k, offset=i)
+            count = int(tokenizer.tokenize(tf.constant([text])).row_lengths()[0])
+            if count <= limit:
+                texts.append(text)
+                break
+    return texts
 
 
 def write_warmup_requests(path: str | os.PathLike, model_name: str, texts: Sequence[str],

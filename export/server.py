@@ -775,6 +775,12 @@ def _grpc_services(predictor: Predictor):
             ModelService(), model_service_pb2_grpc.add_ModelServiceServicer_to_server)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # The default listen backlog (5) resets connections under 32 concurrent clients.
+    request_queue_size = 256
+    daemon_threads = True
+
+
 # -- the server --------------------------------------------------------------------------------
 class DevServer:
     """REST + gRPC development server over an export base directory.
@@ -812,7 +818,7 @@ class DevServer:
         self.manager.start()
         if self.rest_port is not None:
             handler = type("Handler", (_RestHandler,), {"predictor": self.predictor})
-            self._http = ThreadingHTTPServer((self.host, self.rest_port), handler)
+            self._http = _HTTPServer((self.host, self.rest_port), handler)
             self._http.daemon_threads = True
             self.rest_port = self._http.server_address[1]
             threading.Thread(target=self._http.serve_forever, name="rest", daemon=True).start()

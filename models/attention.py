@@ -11,8 +11,9 @@ Cache contract (written once; every cached call in ``aiayn.models`` follows it).
 
 * Self-attention cache of one layer: a tuple ``(key_cache, value_cache)``, each ``(B, L, H, D)``
   in the compute dtype, zeros at first. A cached call with ``cache_index = i`` writes the keys
-  and values of its ``T`` new positions at ``[:, i:i+T]`` with ``keras.ops.slice_update`` (in
-  place under XLA: a dynamic-update-slice, never a concatenation, so shapes never change) and
+  and values of its ``T`` new positions at ``[:, i:i+T]`` with
+  :func:`aiayn.models.masks.update_at` (a select against a position mask: shapes never change,
+  never a concatenation, stock TensorFlow ops only, fused in place under XLA) and
   attends over all ``L`` slots; the caller's ``attention_mask`` (``(B, T, L)``, broadcastable)
   hides the slots that are not yet written (``position > i + t``).
 * Cross-attention cache of one layer: ``(key, value)``, each ``(B, S, H, D)``, projected once
@@ -27,7 +28,7 @@ import math
 import keras
 from keras import ops
 
-from aiayn.models.masks import mask_value
+from aiayn.models.masks import mask_value, update_at
 
 
 def _split_heads(x, num_heads, head_dim):
@@ -183,9 +184,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.self_attention:
             q, k_new, v_new = self._project_qkv(query)  # each (B, T, H, D)
             key_cache, value_cache = cache
-            start = [0, cache_index, 0, 0]
-            key_cache = ops.slice_update(key_cache, start, ops.cast(k_new, key_cache.dtype))
-            value_cache = ops.slice_update(value_cache, start, ops.cast(v_new, value_cache.dtype))
+            key_cache = update_at(key_cache, cache_index, k_new, axis=1)  # (B, L, H, D)
+            value_cache = update_at(value_cache, cache_index, v_new, axis=1)  # (B, L, H, D)
             cache = (key_cache, value_cache)
         else:
             q = self._project_query(query)

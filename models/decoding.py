@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import keras
 from keras import ops
+from aiayn.models.masks import update_at
 
 # A finite "minus infinity" for log-probabilities: inf - inf would give NaN.
 NEG_INF = -1.0e9
@@ -88,7 +89,7 @@ def _finalise(sequences, eos_id, pad_id, generated):
 def _initial_ids(rows, max_length, bos_id, pad_id):
     """``(rows, max_length + 1)`` filled with pad, BOS at position 0."""
     ids = ops.full((rows, max_length + 1), pad_id, dtype="int32")
-    return ops.slice_update(ids, [0, 0], ops.full((rows, 1), bos_id, dtype="int32"))
+    return update_at(ids, 0, ops.full((rows, 1), bos_id, dtype="int32"), axis=1)
 
 
 def greedy_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, max_length,
@@ -124,7 +125,7 @@ def greedy_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, max_length
         token_logp = ops.take_along_axis(logp, token[:, None], axis=1)[:, 0]  # (B,)
         log_probs = log_probs + ops.where(finished, 0.0, token_logp)
         num_generated = num_generated + ops.cast(ops.logical_not(finished), "int32")
-        ids = ops.slice_update(ids, [0, index + 1], token[:, None])
+        ids = update_at(ids, index + 1, token[:, None], axis=1)  # (B, L + 1)
         finished = ops.logical_or(finished, ops.equal(token, eos_id))
         return index + 1, ids, finished, log_probs, num_generated, cache
 
@@ -195,7 +196,7 @@ def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, m
         top_beams = top_indices // vocab  # (B, 2K) which alive beam each extends
         top_tokens = ops.cast(top_indices % vocab, "int32")  # (B, 2K)
         top_ids = gather_beams(alive_ids, top_beams, k)  # (B, 2K, L + 1)
-        top_ids = ops.slice_update(top_ids, [0, 0, index + 1], top_tokens[:, :, None])
+        top_ids = update_at(top_ids, index + 1, top_tokens[:, :, None], axis=2)  # (B, 2K, L + 1)
         is_eos = ops.equal(top_tokens, eos_id)  # (B, 2K)
         real = ops.greater(top_log_probs, 0.5 * NEG_INF)  # extends a live beam
 

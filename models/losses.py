@@ -51,10 +51,13 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         labels = ops.cast(y_true, "int32")  # (B, T)
-        log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)  # (B, T, V)
-        nll = -ops.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
-        # Cross-entropy with the uniform part of the smoothed target: -mean_v log p_v.
-        smooth = -ops.mean(log_probs, axis=-1)  # (B, T)
+        logits = ops.cast(y_pred, "float32")  # (B, T, V)
+        # -log p(label): the fused sparse softmax cross-entropy kernel (no (B, T, V) one-hot,
+        # no gather of log-probabilities and its scatter gradient).
+        nll = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)  # (B, T)
+        # Cross-entropy with the uniform part of the smoothed target:
+        # -mean_v log p_v = logsumexp(logits) - mean_v logits.
+        smooth = ops.logsumexp(logits, axis=-1) - ops.mean(logits, axis=-1)  # (B, T)
         losses = (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
         return losses  # (B, T); padding is weighted 0 in __call__
 

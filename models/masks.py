@@ -94,3 +94,36 @@ def self_attention_mask(padding_mask=None, causal=False, length=None):
             length = ops.shape(padding_mask)[1]
         future = causal_mask(length)[None, :, :]  # (1, length, length)
     return merge_masks(key_mask, future)
+
+
+def update_at(buffer, index, values, axis=1):
+    """Writes ``values`` into ``buffer`` at ``[..., index:index + T, ...]`` along ``axis``.
+
+    The static-shape cache write of incremental decoding. It is a select against a position
+    mask (``where``), not ``slice_update``: on the TensorFlow backend ``slice_update`` lowers to
+    ``XlaDynamicUpdateSlice``, which the stock ``tensorflow_model_server`` runs only with its
+    experimental XLA:CPU JIT enabled; ``where`` is a core op everywhere and keeps every shape
+    static (XLA fuses it into an in-place update).
+
+    Args:
+      buffer: ``(..., L, ...)`` with ``L`` at ``axis``.
+      index: scalar int (tensor or Python), the first position to write.
+      values: like ``buffer`` but with ``T`` (static, >= 1) positions at ``axis``.
+      axis: the position axis (non-negative).
+
+    Returns:
+      A tensor like ``buffer`` with positions ``index .. index + T - 1`` replaced.
+    """
+    length = ops.shape(buffer)[axis]
+    span = values.shape[axis]
+    positions = ops.arange(length, dtype="int32") - ops.cast(index, "int32")  # (L,)
+    shape = [1] * len(buffer.shape)
+    shape[axis] = -1
+    values = ops.cast(values, buffer.dtype)
+    if span == 1:
+        selected = ops.reshape(ops.equal(positions, 0), shape)
+        return ops.where(selected, values, buffer)  # values broadcast along `axis`
+    inside = ops.logical_and(ops.greater_equal(positions, 0), ops.less(positions, span))
+    source = ops.clip(positions, 0, span - 1)  # (L,) which new position lands at each slot
+    spread = ops.take(values, source, axis=axis)  # like `buffer`
+    return ops.where(ops.reshape(inside, shape), spread, buffer)
