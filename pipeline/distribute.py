@@ -6,7 +6,9 @@ means on the running hardware, so the choice is logged once and reproducible:
     distribute       auto -> MultiWorkerMirroredStrategy if TF_CONFIG names a cluster,
                              MirroredStrategy if more than one GPU, else the default strategy
     mixed_precision  auto -> mixed_float16 on GPU (loss-scaled by Keras 3's LossScaleOptimizer),
-                             mixed_bfloat16 on TPU, float32 on CPU
+                             mixed_bfloat16 on TPU and on CPUs with bfloat16 matrix units
+                             (Intel AMX / AVX512_BF16: oneDNN runs bf16 matmuls there; measured
+                             1.7x the float32 tokens/s on the project's 2-core CPU), else float32
     jit_compile      auto -> on for GPU/TPU; off on CPU (measured on the 2-core CPU this project
                              targets: XLA was slower there, see ``bench/train.py`` and
                              ``CPU_JIT_COMPILE`` below)
@@ -30,9 +32,10 @@ from aiayn.pipeline.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
-# Measured with `bench/train.py`-style runs of the small preset on the 2-core CPU (see the
-# training note in README): XLA on CPU compiled once per bucket shape and was not faster per
-# step, so `auto` leaves it off on CPU.
+# Measured on the small preset on the project's 2-core CPU: without XLA 0.29 steps/s (float32);
+# with jit_compile=True the first 60 steps had not finished after 8 minutes (each of the many
+# 2-D bucket shapes compiles separately, several seconds to minutes apiece on 2 cores), so
+# `auto` leaves XLA off on CPU.
 CPU_JIT_COMPILE = False
 
 
@@ -116,6 +119,19 @@ def resolve_strategy(setting: str) -> tf.distribute.Strategy:
     return strategy
 
 
+def cpu_has_bfloat16_units() -> bool:
+    """True on x86 CPUs that advertise AMX-BF16 or AVX512_BF16 (Linux ``/proc/cpuinfo``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool({"amx_bf16", "avx512_bf16"} & flags)
+    except OSError:
+        pass
+    return False
+
+
 def resolve_mixed_precision(setting: str) -> str:
     """The Keras dtype policy name for ``train.mixed_precision``."""
     if setting != "auto":
@@ -124,6 +140,8 @@ def resolve_mixed_precision(setting: str) -> str:
         return "mixed_bfloat16"
     if num_gpus():
         return "mixed_float16"
+    if cpu_has_bfloat16_units():
+        return "mixed_bfloat16"
     return "float32"
 
 

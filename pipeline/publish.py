@@ -4,10 +4,11 @@
 
 Reads ``<train.run_dir>/final.weights.h5`` and the vocabulary at ``vocab_path(cfg)``, writes the
 export with :func:`aiayn.export.saved_model.export_saved_model` (resolved config, SentencePiece
-model and evaluation scores in ``assets.extra/``, warmup requests for the length buckets,
-``models.config`` and ``batching_parameters.txt`` beside the versions), and verifies it in a fresh
-process (stock ops only, both signatures agree with in-process translation) BEFORE it is renamed
-into place: a watching server never sees a version that failed verification.
+model, evaluation scores and the model card ``model_card.md`` in ``assets.extra/``, warmup
+requests for the length buckets, ``models.config`` and ``batching_parameters.txt`` beside the
+versions), and verifies it in a fresh process (stock ops only, both signatures agree with
+in-process translation) BEFORE it is renamed into place: a watching server never sees a version
+that failed verification.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -85,10 +87,32 @@ def export_model(cfg: Config, model: Any, tokenizer: Any, verify: bool = True,
         log.info("Verified %s: %s", tmp_dir, report.summary())
         report.raise_if_failed()
 
+    def before_publish(tmp_dir: Path) -> None:
+        write_card(cfg, model, tokenizer, tmp_dir, eval_scores)
+        if verify:
+            check(tmp_dir)
+
     path = sm.export_saved_model(
         model, tokenizer, cfg.export.base_dir, cfg.export.model_name, options=options,
         version=cfg.export.version, config_yaml=config_yaml(cfg), eval_scores=eval_scores,
-        bucket_boundaries=cfg.data.bucket_boundaries, before_publish=check if verify else None)
+        bucket_boundaries=cfg.data.bucket_boundaries, before_publish=before_publish)
+    return path
+
+
+def write_card(cfg: Config, model: Any, tokenizer: Any, export_dir: Path,
+               eval_scores: dict[str, Any] | None = None) -> Path:
+    """Writes ``<export_dir>/assets.extra/model_card.md`` (the export's temporary dir is named
+    ``.tmp-<version>-<id>``, so the card can name the version it will be published as)."""
+    from aiayn.pipeline.model_card import export_card_path, write_model_card
+
+    match = re.match(r"^\.tmp-(\d+)-", export_dir.name) or re.match(r"^(\d+)$", export_dir.name)
+    path = export_card_path(export_dir)
+    parameters = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+    write_model_card(cfg, path, parameters=parameters,
+                     vocabulary_size=int(tokenizer.vocabulary_size),
+                     eval_reports=eval_scores if eval_scores is not None else {},
+                     export_info={"model_name": cfg.export.model_name,
+                                  "version": int(match.group(1)) if match else None})
     return path
 
 

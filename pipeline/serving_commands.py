@@ -1,9 +1,11 @@
-"""`aiayn serve`, `aiayn translate`, `aiayn verify`: thin commands over aiayn.export.
+"""`aiayn serve`, `translate`, `verify` (thin commands over aiayn.export) and the explain plots.
 
     aiayn serve     --preset small                 # TF Serving if installed, else Docker, else dev
     aiayn translate --preset small "I love you."   # local export (latest version)
     echo "I love you." | aiayn translate --server http://127.0.0.1:8501
     aiayn verify    --preset small [--export exports/translate/3]
+    aiayn translate --preset small --explain attention.png "I love you."   # attention maps
+    aiayn plot-positional-encoding pe.png;  aiayn plot-curves;  aiayn model-card [--export DIR]
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ def _cmd_translate(args: argparse.Namespace, cfg) -> None:
     from aiayn.export.client import ServingClientError, connect
 
     texts = list(args.text) or [line.rstrip("\n") for line in sys.stdin]
+    if args.explain:
+        return _explain(args, cfg, texts)
     target = args.server or str(_export_dir(cfg, args.export))
     try:
         client = connect(target, cfg.export.model_name, args.version)
@@ -147,6 +151,103 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, default=None, help="A specific model version.")
     p.add_argument("--n-best", action="store_true", help="Print every hypothesis with scores.")
     p.add_argument("--scores", action="store_true", help="Print 'score<TAB>translation'.")
+    p.add_argument("--explain", default=None, metavar="OUT.png",
+                   help="Also plot the cross-attention of each translation (per head and the "
+                        "mean) from the run's weights (train.run_dir/final.weights.h5, or "
+                        "--weights); several sentences get OUT-2.png, OUT-3.png, ...")
+    p.add_argument("--layer", type=int, default=-1,
+                   help="--explain: which layer to show (0-based; default -1, the last).")
+    p.add_argument("--self-attention", action="store_true",
+                   help="--explain: also write OUT.encoder_self.png and OUT.decoder_self.png.")
+    p.add_argument("--weights", default=None,
+                   help="--explain: a .weights.h5 file (default: the run's final weights).")
+
+
+def _explain(args: argparse.Namespace, cfg, texts: list[str]) -> None:
+    """`translate --explain`: the run's Keras model (the weights the export was made from)."""
+    if args.server:
+        raise UserInputError("--explain needs the model's weights and runs locally; drop "
+                             "--server (the serving signatures return no attention weights).")
+    from aiayn.pipeline.explain import explain_translation
+    from aiayn.pipeline.publish import FINAL_WEIGHTS, build_model, load_tokenizer
+
+    weights = Path(args.weights or Path(cfg.train.run_dir) / FINAL_WEIGHTS)
+    if not weights.exists():
+        raise UserInputError(f"Weights not found: {weights}. Train first (`aiayn train`) or pass "
+                             "--weights with a .weights.h5 file of this run.")
+    tokenizer = load_tokenizer(cfg)
+    model = build_model(cfg, tokenizer)
+    model.load_weights(str(weights))
+    out = Path(args.explain)
+    for i, text in enumerate(texts):
+        path = out if i == 0 else out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
+        data = explain_translation(
+            model, tokenizer, text, path, layer=args.layer, beam_size=cfg.decode.beam_size,
+            length_penalty=cfg.decode.length_penalty,
+            max_extra_length=cfg.decode.max_extra_length,
+            max_length=cfg.export.max_input_tokens, self_attention=args.self_attention)
+        print(data["translation"])
+        for kind, written in data["paths"].items():
+            print(f"  {kind} attention (layer {data['layer']}): {written}", file=sys.stderr)
+    return None
+
+
+def _cmd_plot_positional_encoding(args: argparse.Namespace, cfg) -> None:
+    from aiayn.pipeline.explain import plot_positional_encoding
+
+    data = plot_positional_encoding(args.out, length=args.length,
+                                    dim=args.dim or cfg.model.hidden_dim)
+    print(data["path"])
+
+
+def _args_plot_positional_encoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", metavar="OUT.png", help="Where to write the figure.")
+    p.add_argument("--length", type=int, default=128, help="Positions shown (default 128).")
+    p.add_argument("--dim", type=int, default=0,
+                   help="d_model (default: model.hidden_dim of the preset).")
+
+
+def _cmd_plot_curves(args: argparse.Namespace, cfg) -> None:
+    from aiayn.pipeline.explain import plot_training_curves
+
+    print(plot_training_curves(args.run_dir or cfg.train.run_dir, args.output))
+
+
+def _args_plot_curves(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", default=None, help="Run directory (default train.run_dir).")
+    p.add_argument("--output", default=None, help="Default: <run_dir>/curves.png.")
+
+
+def _cmd_model_card(args: argparse.Namespace, cfg) -> None:
+    from aiayn.pipeline import model_card
+
+    if args.export:
+        text = model_card.read_export_card(args.export)
+    else:
+        text = _latest_card(cfg)
+        if text is None:  # no export with a card yet: describe the run as it stands
+            text = model_card.write_model_card(cfg)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    print(text)
+
+
+def _latest_card(cfg) -> str | None:
+    from aiayn.export.saved_model import ExportError, latest_export
+    from aiayn.pipeline.model_card import export_card_path
+
+    try:
+        path = export_card_path(latest_export(cfg.export.base_dir, cfg.export.model_name))
+    except ExportError:
+        return None
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _args_model_card(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--export", default=None,
+                   help="An export (version or model dir); default: the latest export's card, "
+                        "else a card built from the run directory.")
+    p.add_argument("--output", default=None, help="Also write the card to this file.")
 
 
 def _cmd_verify(args: argparse.Namespace, cfg) -> dict[str, Any]:
@@ -183,6 +284,13 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
                   _cmd_translate, _args_translate),
     "verify": ("Check an export in a fresh process: stock ops only, signatures, outputs.",
                _cmd_verify, _args_verify),
+    "plot-positional-encoding": ("Plot the sinusoidal positional encoding (§3.5) and the "
+                                 "dot-product similarity between positions.",
+                                 _cmd_plot_positional_encoding, _args_plot_positional_encoding),
+    "plot-curves": ("Plot the run's training curves (loss, dev BLEU, learning rate) to "
+                    "<run_dir>/curves.png.", _cmd_plot_curves, _args_plot_curves),
+    "model-card": ("Print the model card (data, training, scores, limits) of an export.",
+                   _cmd_model_card, _args_model_card),
 }
 
 

@@ -1,0 +1,150 @@
+"""The model card (aiayn.pipeline.model_card) and its place in every export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from aiayn.pipeline.errors import UserInputError
+
+HYPOTHESES = ["Y la tierra estaba desordenada.", "Te amo.", "La paz sea con vosotros."]
+REFERENCES = ["Y la tierra estaba desordenada y vacía.", "Te amo.", "La paz sea con vosotros."]
+
+
+@pytest.fixture()
+def run_cfg(toy_config, tmp_path):
+    """The tiny preset with its own data and run directories (no shared state between tests)."""
+    data_dir, run_dir = tmp_path / "data", tmp_path / "run"
+    data_dir.mkdir()
+    (run_dir / "eval").mkdir(parents=True)
+    return dataclasses.replace(
+        toy_config, data=dataclasses.replace(toy_config.data, data_dir=str(data_dir)),
+        train=dataclasses.replace(toy_config.train, run_dir=str(run_dir)),
+        export=dataclasses.replace(toy_config.export, base_dir=str(tmp_path / "exports")))
+
+
+def _eval_report(split):
+    """A report as `aiayn evaluate` writes it, with real sacreBLEU scores and signatures."""
+    from aiayn.pipeline.evaluate import score
+
+    return {"split": split, "sentences": len(HYPOTHESES), **score(HYPOTHESES, REFERENCES),
+            "samples": [{"source": "s", "reference": "r", "hypothesis": "h"}]}
+
+
+def _data_report():
+    return {
+        "stamp": "ff49fc1ccdf6b413",
+        "source": {"corpus": "bible",
+                   "description": "World English Bible (engWEB2015eb) -> Reina-Valera 1909 "
+                                  "(spaRV1909eb), verse pairs read with mod2imp, split by whole "
+                                  "books",
+                   "packages": {"libsword-utils": "1.9.0+dfsg-4+b4", "sword-text-sparv": "2.60-1",
+                                "sword-text-web": "426.0-1"},
+                   "books": {"dev": ["Ruth", "Jonah"], "test": ["Esther", "John"],
+                             "train": "every other book both modules have"}},
+        "kept": 29682, "dropped": {"length_ratio": 3},
+        "splits": {"train": {"pairs": 26780, "sha256": "8f5b12" + "0" * 58},
+                   "dev": {"pairs": 916, "sha256": "293ede" + "1" * 58},
+                   "test": {"pairs": 1986, "sha256": "0fe216" + "2" * 58}},
+    }
+
+
+def test_card_contains_the_evaluation_scores_and_signatures(run_cfg):
+    from aiayn.pipeline.model_card import write_model_card
+
+    run_dir = run_cfg.train.run_dir
+    reports = {split: _eval_report(split) for split in ("dev", "test")}
+    for split, report in reports.items():
+        with open(f"{run_dir}/eval/{split}.json", "w") as f:
+            json.dump(report, f)
+    card = write_model_card(run_cfg)  # reads <run_dir>/eval/*.json itself
+    bleu, chrf = reports["test"]["bleu"], reports["test"]["chrf"]
+    assert f"| test | {bleu:.2f} | {chrf:.2f} | 3 |" in card
+    assert f"| dev | {bleu:.2f} | {chrf:.2f} | 3 |" in card
+    assert card.index("| dev |") < card.index("| test |")
+    assert f"test bleu: {reports['test']['bleu_signature']}" in card
+    assert f"test chrf: {reports['test']['chrf_signature']}" in card
+    assert "nrefs:1" in reports["test"]["bleu_signature"]  # a real sacreBLEU signature
+    # The same scores, passed in (as the export does), give the same section.
+    assert write_model_card(run_cfg, eval_reports=reports) == card
+
+
+def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_path):
+    from aiayn.pipeline.model_card import write_model_card
+
+    (tmp_path / "data" / "data_report.json").write_text(json.dumps(_data_report()))
+    state = {"status": "complete", "summary": {
+        "steps": 20, "stop_reason": "steps", "train_seconds": 3725.0,
+        "tokens_per_second": 1234.5, "strategy": "OneDeviceStrategy", "replicas": 1,
+        "mixed_precision": "float32", "jit_compile": False, "parameters": 12345,
+        "averaging": {"chosen": "average_last_2"}}}
+    (tmp_path / "run" / "train_state.json").write_text(json.dumps(state))
+    out = tmp_path / "card" / "model_card.md"
+    card = write_model_card(run_cfg, out, vocabulary_size=200)
+    assert out.read_text(encoding="utf-8") == card
+    for text in ("Reina-Valera 1909", "| train | 26780 | `8f5b12", "| dev | 916 |",
+                 "| test | 1986 |", "`sword-text-sparv` 2.60-1", "`libsword-utils` 1.9.0+dfsg-4+b4",
+                 "Pairs kept: 29682; dropped: length_ratio 3", "Esther, John",
+                 "preset | `tiny`", "12,345", "layers N (encoder, decoder) | 2",
+                 "| d_model | 16 |", "| heads h | 2 |", "vocabulary (joint) | 200",
+                 "Steps: 20 of 20", "training time 1 h 02 min", "OneDeviceStrategy",
+                 "`average_last_2`", f"beam size {run_cfg.decode.beam_size}",
+                 f"length penalty alpha {run_cfg.decode.length_penalty}",
+                 "Archaic target language", "Bible verses only", "Verse-level",
+                 "Not evaluated yet"):
+        assert text in card, text
+
+
+def test_card_without_any_run_files_says_what_is_missing(run_cfg):
+    from aiayn.pipeline.model_card import write_model_card
+
+    cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(run_cfg.data, corpus="tsv"))
+    card = write_model_card(cfg)
+    assert "No data report found" in card and "No finished training state" in card
+    assert "Not evaluated yet" in card and "parameters | unknown" in card
+    assert "Archaic" not in card and "**Domain.**" in card  # generic limits for a user corpus
+
+
+def test_every_export_carries_its_card(run_cfg, toy_tokenizer, tmp_path):
+    """`publish.write_card` is what `export_model` runs before verification and publication."""
+    from aiayn.pipeline.model_card import read_export_card
+    from aiayn.pipeline.publish import build_model, write_card
+
+    model = build_model(run_cfg, toy_tokenizer)
+    tmp_version = tmp_path / "exports" / "translate" / ".tmp-3-abcd1234"
+    path = write_card(run_cfg, model, toy_tokenizer, tmp_version,
+                      {"test": {k: v for k, v in _eval_report("test").items() if k != "samples"}})
+    assert path == tmp_version / "assets.extra" / "model_card.md"
+    card = path.read_text(encoding="utf-8")
+    n_params = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+    assert card.startswith("# Model card: `translate` version 3")
+    assert f"{n_params:,}" in card and f"| test | {_eval_report('test')['bleu']:.2f} |" in card
+    # Published: the temporary dir becomes version 3; the model dir reads its newest version.
+    tmp_version.rename(tmp_version.parent / "3")
+    (tmp_version.parent / "1" / "assets.extra").mkdir(parents=True)
+    (tmp_version.parent / "1" / "assets.extra" / "model_card.md").write_text("old")
+    assert read_export_card(tmp_version.parent) == card
+    assert read_export_card(tmp_version.parent / "1") == "old"
+    with pytest.raises(UserInputError, match="No model card"):
+        read_export_card(tmp_path)
+
+
+def test_cli_model_card(run_cfg, tmp_path, capsys, monkeypatch):
+    from aiayn.pipeline.cli import main
+
+    version = tmp_path / "exports" / "translate" / "4"
+    (version / "assets.extra").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    (version / "assets.extra" / "model_card.md").write_text("# Model card: `translate` v4\n")
+    assert main(["model-card", "--export", str(version)]) == 0
+    assert "# Model card: `translate` v4" in capsys.readouterr().out
+    assert main(["model-card", "--export", str(tmp_path / "nowhere")]) == 2
+    assert "No model card" in capsys.readouterr().err
+    # No --export and no export yet: the card is built from the run directory.
+    monkeypatch.chdir(tmp_path)
+    assert main(["model-card", "--preset", "tiny", "--set", "export.base_dir=none",
+                 "--set", f"train.run_dir={run_cfg.train.run_dir}"]) == 0
+    assert "Not evaluated yet" in capsys.readouterr().out

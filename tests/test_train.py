@@ -1,0 +1,149 @@
+"""Training: the paper's recipe wired from the config, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from aiayn.pipeline import callbacks as cb  # noqa: E402
+from aiayn.pipeline import train as train_lib  # noqa: E402
+from aiayn.pipeline.config import load_config  # noqa: E402
+
+
+def _paper_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    step = step + 1  # the schedule counts optimizer iteration 0 as step 1
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def test_optimizer_is_the_papers_adam_on_the_warmup_schedule():
+    cfg = load_config(["tiny"], ["model.hidden_dim=64", "train.warmup_steps=100",
+                                 "train.learning_rate_scale=2.0"])
+    opt = train_lib.make_optimizer(cfg)
+    assert (opt.beta_1, opt.beta_2, opt.epsilon) == (0.9, 0.98, 1e-9)
+    assert opt.gradient_accumulation_steps is None
+    for step in (0, 49, 99, 399, 9999):
+        np.testing.assert_allclose(float(opt._learning_rate(step)),
+                                   _paper_lr(step, 64, 100, 2.0), rtol=1e-5)
+
+
+def test_gradient_accumulation_feeds_the_schedule_update_steps():
+    cfg = load_config(["tiny"], ["model.hidden_dim=64", "train.warmup_steps=100",
+                                 "train.gradient_accumulation_steps=4"])
+    opt = train_lib.make_optimizer(cfg)
+    assert opt.gradient_accumulation_steps == 4
+    # Keras passes the micro-batch counter; the schedule must see micro_batches // 4.
+    for micro_batches in (0, 3, 4, 401, 4000):
+        np.testing.assert_allclose(float(opt._learning_rate(micro_batches)),
+                                   _paper_lr(micro_batches // 4, 64, 100), rtol=1e-5)
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(opt._learning_rate))
+    assert restored.accumulation_steps == 4
+
+
+def test_compiled_loss_is_label_smoothed_and_ignores_padding():
+    cfg = load_config(["tiny"], ["train.label_smoothing=0.2"])
+    loss, metrics = train_lib.make_loss_and_metrics(cfg, pad_id=3)
+    logits = np.random.default_rng(1).normal(size=(2, 4, 6)).astype("float32")
+    labels = np.array([[1, 2, 3, 3], [5, 3, 3, 3]])  # 3 = pad
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
+    per_token = 0.8 * nll + 0.2 * -logp.mean(-1)
+    np.testing.assert_allclose(float(loss(labels, logits)), per_token[labels != 3].mean(),
+                               rtol=1e-5)
+    tokens = [m for m in metrics if isinstance(m, cb.TargetTokens)][0]
+    tokens.update_state(labels, logits)
+    assert float(tokens.result()) == 3.0
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny end-to-end run (shared by the tests below; ~20 s on 2 cores)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(toy_config, spm_model_path, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    cfg = load_config(["tiny"], [f"data.data_dir={toy_config.data.data_dir}",
+                                 "data.vocab_size=200", f"train.run_dir={run_dir}",
+                                 "train.steps=20", "train.steps_per_epoch=5",
+                                 "train.checkpoint_every=5", "train.keep_checkpoints=3",
+                                 "train.average_last=3", "train.eval_every=10",
+                                 "train.eval_max_sentences=8"])
+    summary = train_lib.train(cfg)
+    return cfg, summary
+
+
+def test_tiny_run_trains_and_writes_the_run_directory(tiny_run):
+    cfg, summary = tiny_run
+    run_dir = tiny_run[0].train.run_dir
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    assert summary["steps"] == 20 and summary["stop_reason"] == "steps"
+    assert summary["tokens_per_second"] > 0
+    for name in ("config.yaml", "history.json", "history.csv", "averaging.json",
+                 "final.weights.h5", "best.weights.h5", "train_state.json"):
+        assert (run_dir / name).exists(), name
+    assert not list(run_dir.glob("backup*")), "the backup is removed once the run is complete"
+    assert [s for s, _ in cb.list_checkpoints(run_dir / "checkpoints")] == [10, 15, 20]
+    rows = json.loads((run_dir / "history.json").read_text())["rows"]
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(steps) and steps[-1] == 20
+    assert all(np.isfinite(r["loss"]) and r["learning_rate"] > 0 for r in rows)
+    assert rows[0]["loss"] > rows[-1]["loss"], "the loss goes down"
+    assert [r["step"] for r in rows if "dev_bleu" in r] == [10, 20]
+    from aiayn.pipeline.config import read_config
+
+    assert read_config(run_dir / "config.yaml") == cfg
+
+
+def test_tiny_run_chooses_final_weights_between_last_and_average(tiny_run):
+    cfg, summary = tiny_run
+    from pathlib import Path
+
+    run_dir = Path(cfg.train.run_dir)
+    report = json.loads((run_dir / "averaging.json").read_text())
+    assert {"last", "average_last_3"} <= set(report["candidates"])
+    for entry in report["candidates"].values():
+        assert "bleu" in entry and "chrf" in entry and entry["bleu_signature"]
+    chosen = report["chosen"]
+    assert chosen in report["candidates"]
+    assert summary["dev_bleu"] == report["candidates"][chosen]["bleu"]
+    # final.weights.h5 holds exactly the chosen candidate.
+    from aiayn.pipeline.evaluate import build_model, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg)
+    final, chosen_model = build_model(cfg, tokenizer), build_model(cfg, tokenizer)
+    cb.load_model_weights(final, run_dir / "final.weights.h5")
+    train_lib.average_weight_files(chosen_model, report["candidates"][chosen]["files"])
+    for a, b in zip(final.weights, chosen_model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_rerunning_a_finished_run_returns_its_summary_without_training(tiny_run, capsys):
+    cfg, summary = tiny_run
+    assert train_lib.train(cfg) == json.loads(json.dumps(summary))
+    assert "already holds a finished run" in capsys.readouterr().out
+
+
+def test_average_command_and_evaluate_on_the_tiny_run(tiny_run):
+    cfg, _ = tiny_run
+    from pathlib import Path
+
+    from aiayn.pipeline.evaluate import evaluate_run
+
+    report = train_lib.average_checkpoints_for_run(cfg)
+    assert report["chosen"] in report["candidates"]
+    result = evaluate_run(cfg, split="test")
+    run_dir = Path(cfg.train.run_dir)
+    hyps = (run_dir / "eval" / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == result["sentences"] == 29
+    saved = json.loads((run_dir / "eval" / "test.json").read_text())
+    assert saved["bleu"] == result["bleu"] and saved["bleu_signature"].startswith("nrefs:1")
+    assert len(saved["samples"]) == 3 and {"source", "reference", "hypothesis"} <= \
+        set(saved["samples"][0])
+    assert saved["decode"] == dataclasses.asdict(cfg.decode)
