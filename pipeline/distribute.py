@@ -10,8 +10,8 @@ means on the running hardware, so the choice is logged once and reproducible:
                              (Intel AMX / AVX512_BF16: oneDNN runs bf16 matmuls there; measured
                              1.7x the float32 tokens/s on the project's 2-core CPU), else float32
     jit_compile      auto -> on for GPU/TPU; off on CPU (measured on the 2-core CPU this project
-                             targets: XLA was slower there, see ``bench/train.py`` and
-                             ``CPU_JIT_COMPILE`` below)
+                             targets: compiling every bucket shape cost far more than it saved,
+                             see ``CPU_JIT_COMPILE`` below)
 
 Example:
 

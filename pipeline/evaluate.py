@@ -153,13 +153,13 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any
             "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b)}
 
 
-def _read_pairs(cfg: Config, split: str) -> list[tuple[str, str]]:
-    from aiayn.pipeline.train import _read_pairs, _split_path
+def read_pairs(cfg: Config, split: str) -> list[tuple[str, str]]:
+    from aiayn.pipeline.train import read_pairs, split_file
 
-    path = _split_path(cfg, split)
+    path = split_file(cfg, split)
     if not path.exists():
         raise UserInputError(f"{path} not found: prepare the data first with `aiayn data`.")
-    return _read_pairs(path)
+    return read_pairs(path)
 
 
 def resolve_weights(cfg: Config, weights: str | None) -> Path:
@@ -195,7 +195,7 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
 
     weights_path = resolve_weights(cfg, weights)
     tokenizer = load_tokenizer(cfg)
-    pairs = _read_pairs(cfg, split)
+    pairs = read_pairs(cfg, split)
     if max_sentences:
         pairs = pairs[:max_sentences]
     model = build_model(cfg, tokenizer)

@@ -68,6 +68,7 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
         elif name == "train":
             from aiayn.pipeline import train
             summary["train"] = train.train(cfg)
+            summary["curves"] = _plot_curves(run_dir)
         elif name == "evaluate":
             from aiayn.pipeline import evaluate
             summary["dev"] = evaluate.evaluate_run(cfg, split="dev")
@@ -82,6 +83,18 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
     _write_json(run_dir / "summary.json", summary)
     print_summary(summary)
     return {"summary": str(run_dir / "summary.json")}
+
+
+def _plot_curves(run_dir: Path) -> str | None:
+    """`<run_dir>/curves.png` from the run's own logs; a missing plotting extra is reported."""
+    try:
+        from aiayn.pipeline import explain
+        return str(explain.plot_training_curves(run_dir))
+    except ImportError as err:  # matplotlib is in the `plot`/`dev` extras, not a hard dependency
+        print(f"(curves.png skipped: {err}; install the `plot` extra)")
+    except UserInputError as err:
+        print(f"(curves.png skipped: {err})")
+    return None
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -117,6 +130,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         rows.append(("test", _score_line(summary.get("test"))))
     if "export" in summary:
         rows.append(("export", summary["export"]))
+    if summary.get("curves"):
+        rows.append(("curves", summary["curves"]))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")

@@ -53,8 +53,8 @@ from aiayn.pipeline import callbacks as cb
 from aiayn.pipeline import distribute
 from aiayn.pipeline.config import Config, write_config
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.evaluate import (FINAL_WEIGHTS, build_model, load_tokenizer, score,
-                                     translate_sentences)
+from aiayn.pipeline.evaluate import (FINAL_WEIGHTS, build_model, dummy_features, load_tokenizer,
+                                     score, translate_sentences)
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,53 @@ def compile_model(model: keras.Model, cfg: Config, pad_id: int, jit_compile: boo
     loss, metrics = make_loss_and_metrics(cfg, pad_id)
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=jit_compile)
     model.optimizer.build(model.trainable_variables)
+    if getattr(model, "_distribute_strategy", None) is not None:
+        _prebuild_for_strategy(model)
+    if isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        _report_rank1_logs(model)
+
+
+def _report_rank1_logs(model: keras.Model) -> None:
+    """Works around Keras 3 + MultiWorkerMirroredStrategy (tensorflow/tensorflow#72388).
+
+    Keras reduces the per-replica step logs with ``strategy.reduce("MEAN", v, axis=0)``, which
+    fails on scalar metrics. Returning each log as shape ``(1,)`` makes that reduction the mean
+    over replicas, a scalar again. Token counts are scaled by the replica count first, so their
+    mean is the global sum.
+    """
+    original = model.train_step
+    replicas = model.distribute_strategy.num_replicas_in_sync
+
+    def train_step(data):
+        logs = original(data)
+        return {k: keras.ops.expand_dims(v * replicas if k == "target_tokens" else v, 0)
+                for k, v in logs.items()}
+
+    model.train_step = train_step
+
+
+def _prebuild_for_strategy(model: keras.Model) -> None:
+    """Builds the compiled loss and metrics now, from a local dummy batch.
+
+    Under a non-default strategy, Keras 3's TF trainer (`_maybe_symbolic_build`, 3.15) pulls
+    one batch from the distributed iterator to build them, which (a) fails for dict features
+    (it tries to reduce the `PerReplica` dict) and (b) silently consumes a batch, shifting the
+    data position that resumption relies on. With everything built here, that step has nothing
+    left to do, so it is skipped for this model.
+    """
+    features = dummy_features()
+    labels = features["decoder_token_ids"]
+    with model.distribute_strategy.scope():
+        model._symbolic_build(data_batch=(features, labels))
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
 
 
 # --------------------------------------------------------------------------------------------
 # Data
 
 
-def _split_path(cfg: Config, split: str) -> Path:
+def split_file(cfg: Config, split: str) -> Path:
+    """The prepared TSV of ``split`` (``corpus.split_path``; ``<data_dir>/<split>.tsv``)."""
     try:
         from aiayn.pipeline.corpus import split_path
     except ImportError:  # the prepared-data layout of docs/CONTRACTS.md
@@ -138,7 +178,8 @@ def _split_path(cfg: Config, split: str) -> Path:
     return Path(split_path(cfg, split))
 
 
-def _read_pairs(path: Path) -> list[tuple[str, str]]:
+def read_pairs(path: Path) -> list[tuple[str, str]]:
+    """The ``(source, target)`` pairs of a prepared TSV (``corpus.read_tsv_pairs``)."""
     try:
         from aiayn.pipeline.corpus import read_tsv_pairs
     except ImportError:
@@ -148,7 +189,7 @@ def _read_pairs(path: Path) -> list[tuple[str, str]]:
 
 
 def _train_path(cfg: Config) -> Path:
-    path = _split_path(cfg, "train")
+    path = split_file(cfg, "train")
     if not path.exists():
         raise UserInputError(f"{path} not found: prepare the data first with `aiayn data`.")
     return path
@@ -183,11 +224,16 @@ def make_input(cfg: Config, tokenizer, strategy: tf.distribute.Strategy, skip_st
 
 
 def dev_pairs(cfg: Config, limit: int) -> list[tuple[str, str]]:
-    path = _split_path(cfg, "dev")
+    """Up to ``limit`` dev pairs (0 = all), evenly spaced over the dev split."""
+    path = split_file(cfg, "dev")
     if not path.exists():
         return []
-    pairs = _read_pairs(path)
-    return pairs[:limit] if limit else pairs
+    pairs = read_pairs(path)
+    if not limit or limit >= len(pairs):
+        return pairs
+    # Evenly spaced over the split (held-out books are contiguous: the first N would all come
+    # from the first book).
+    return [pairs[i * len(pairs) // limit] for i in range(limit)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,6 +352,8 @@ def _state_path(cfg: Config) -> Path:
 
 
 def _seed_everything(cfg: Config) -> None:
+    # Before any tokenizer exists: tf.random.set_seed in eager mode clears the context's caches,
+    # which destroys the SentencePiece op resources of tokenizers created earlier.
     if cfg.train.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(cfg.train.seed)
