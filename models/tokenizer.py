@@ -70,8 +70,29 @@ class SubwordTokenizer(tf.Module):
                 "`aiayn vocab` (pad=0, unk=1, bos=2, eos=3).")
         # The op and its resource (holding `model_proto`) are tracked as a child, so
         # tf.saved_model.save carries the model inside the graph.
-        self._sentencepiece = tf_text.SentencepieceTokenizer(
+        self._sentencepiece = self._new_op()
+
+    def _new_op(self) -> "tf_text.SentencepieceTokenizer":
+        return tf_text.SentencepieceTokenizer(
             model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False)
+
+    @property
+    def _op(self) -> "tf_text.SentencepieceTokenizer":
+        """The tensorflow-text tokenizer, re-created if its resource was lost.
+
+        Its SentencePiece resource is owned by the op kernel that created it, and eager
+        ``tf.random.set_seed`` (``keras.utils.set_random_seed``) clears the kernel cache, which
+        deletes it ("Resource ... SentencepieceOp does not exist"). A one-op probe, run eagerly
+        (also while a tf.function or tf.data map is being traced), re-creates it then, so a
+        seed set after this tokenizer was built cannot break later calls.
+        """
+        with tf.init_scope():
+            if tf.executing_eagerly():
+                try:
+                    self._sentencepiece.vocab_size()
+                except tf.errors.NotFoundError:
+                    self._sentencepiece = self._new_op()
+        return self._sentencepiece
 
     @classmethod
     def from_file(cls, path: Union[str, os.PathLike]) -> "SubwordTokenizer":
@@ -111,7 +132,7 @@ class SubwordTokenizer(tf.Module):
           tf.errors.InvalidArgumentError: an input is not a string tensor.
         """
         strings = tf.convert_to_tensor(strings, dtype=tf.string)
-        return self._sentencepiece.tokenize(strings)
+        return self._op.tokenize(strings)
 
     def detokenize(self, ids: IdsLike) -> tf.Tensor:
         """Turns ids back into text.
@@ -131,7 +152,7 @@ class SubwordTokenizer(tf.Module):
           ValueError: `ids` is dense and not of rank 2.
         """
         if isinstance(ids, tf.RaggedTensor):
-            return self._sentencepiece.detokenize(tf.cast(ids, tf.int32))
+            return self._op.detokenize(tf.cast(ids, tf.int32))
         ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
         if ids.shape.rank is not None and ids.shape.rank != 2:
             raise ValueError(
@@ -141,7 +162,7 @@ class SubwordTokenizer(tf.Module):
         ended = tf.logical_or(tf.equal(ids, self.eos_id), tf.equal(ids, self.pad_id))
         keep = tf.equal(tf.cumsum(tf.cast(ended, tf.int32), axis=1), 0)
         lengths = tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)  # (batch,)
-        return self._sentencepiece.detokenize(tf.RaggedTensor.from_tensor(ids, lengths=lengths))
+        return self._op.detokenize(tf.RaggedTensor.from_tensor(ids, lengths=lengths))
 
     def id_to_piece(self, ids: IdsLike) -> IdsLike:
         """Maps ids to their pieces (e.g. ``"▁love"``), for inspection.
@@ -152,7 +173,7 @@ class SubwordTokenizer(tf.Module):
         Returns:
           `tf.string` of the same shape.
         """
-        return self._sentencepiece.id_to_string(ids)
+        return self._op.id_to_string(ids)
 
     def featurize_source(self, strings: tf.Tensor,
                          max_length: int) -> tuple[tf.Tensor, tf.Tensor]:

@@ -111,6 +111,7 @@ COMMANDS: dict[str, tuple[str, Callable, Callable | None]] = {
 # callable(args) -> result.
 EXTRA_COMMANDS: tuple[str, ...] = (
     "pipeline.serving_commands:register",
+    "pipeline.tfx_commands:register",
 )
 
 

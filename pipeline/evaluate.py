@@ -56,12 +56,20 @@ def dummy_features(batch: int = 1, length: int = 4) -> dict[str, np.ndarray]:
             "decoder_token_ids": ids, "decoder_padding_mask": mask}
 
 
-def build_model(cfg: Config, tokenizer) -> keras.Model:
-    """The Transformer of ``cfg.model`` for ``tokenizer``'s vocabulary, with its weights built."""
+def build_model(cfg: Config, tokenizer, dtype: str | None = None) -> keras.Model:
+    """The Transformer of ``cfg.model`` for ``tokenizer``'s vocabulary, with its weights built.
+
+    Args:
+      cfg: the run configuration.
+      tokenizer: the run's ``SubwordTokenizer`` (vocabulary size and pad id).
+      dtype: a Keras dtype policy name; None = the global policy (training sets it). Evaluation
+        and export pass ``"float32"``: the scores then describe exactly what is served, on any
+        CPU (variables are float32 under every mixed policy, so weights load either way).
+    """
     from aiayn.models.transformer import Transformer
 
     model = Transformer(vocabulary_size=tokenizer.vocabulary_size, pad_id=tokenizer.pad_id,
-                        **dataclasses.asdict(cfg.model))
+                        dtype=dtype, **dataclasses.asdict(cfg.model))
     model(dummy_features(), training=False)
     return model
 
@@ -198,7 +206,7 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     pairs = read_pairs(cfg, split)
     if max_sentences:
         pairs = pairs[:max_sentences]
-    model = build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer, dtype="float32")
     load_model_weights(model, weights_path)
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]

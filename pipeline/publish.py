@@ -13,7 +13,6 @@ that failed verification.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -28,33 +27,10 @@ from aiayn.export import saved_model as sm
 from aiayn.export.verify import verify_export
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.evaluate import build_model, load_tokenizer  # one builder for every stage
 
 log = logging.getLogger("aiayn.pipeline.publish")
 FINAL_WEIGHTS = "final.weights.h5"
-
-
-def build_model(cfg: Config, tokenizer: Any):
-    """A built Transformer of ``cfg.model`` for ``tokenizer`` (weights still random)."""
-    from aiayn.models.transformer import Transformer
-
-    model = Transformer(vocabulary_size=tokenizer.vocabulary_size, pad_id=tokenizer.pad_id,
-                        **dataclasses.asdict(cfg.model))
-    ids = np.full((1, 2), tokenizer.eos_id, dtype="int32")
-    mask = np.ones((1, 2), dtype=bool)
-    model({"encoder_token_ids": ids, "encoder_padding_mask": mask,
-           "decoder_token_ids": ids, "decoder_padding_mask": mask}, training=False)
-    return model
-
-
-def load_tokenizer(cfg: Config):
-    from aiayn.models.tokenizer import SubwordTokenizer
-    from aiayn.pipeline.vocab import vocab_path
-
-    path = vocab_path(cfg)
-    if not Path(path).exists():
-        raise UserInputError(f"Vocabulary not found: {path}. Run `aiayn vocab` (or `make train`) "
-                             "first.")
-    return SubwordTokenizer.from_file(path)
 
 
 def config_yaml(cfg: Config) -> str:
@@ -136,7 +112,7 @@ def export_run(cfg: Config, weights: str | None = None, verify: bool = True) -> 
         raise UserInputError(f"Weights not found: {weights_path}. Train first (`aiayn train`), "
                              "or pass a .weights.h5 file.")
     tokenizer = load_tokenizer(cfg)
-    model = build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer, dtype="float32")  # portable: served on any CPU
     try:
         model.load_weights(str(weights_path))
     except ValueError as err:

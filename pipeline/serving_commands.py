@@ -176,7 +176,7 @@ def _explain(args: argparse.Namespace, cfg, texts: list[str]) -> None:
         raise UserInputError(f"Weights not found: {weights}. Train first (`aiayn train`) or pass "
                              "--weights with a .weights.h5 file of this run.")
     tokenizer = load_tokenizer(cfg)
-    model = build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer, dtype="float32")
     model.load_weights(str(weights))
     out = Path(args.explain)
     for i, text in enumerate(texts):

@@ -127,3 +127,19 @@ def test_saved_model_carries_the_tokenizer(toy_tokenizer, tmp_path):
     assert _texts(out["text"]) == ["I love you.", "我爱你", "ABC"]
     expected = toy_tokenizer.tokenize(tf.constant(texts)).row_lengths().numpy()
     np.testing.assert_array_equal(out["lengths"].numpy(), expected)
+
+
+def test_seeding_after_construction_does_not_break_the_tokenizer(spm_model_path):
+    # Eager tf.random.set_seed clears the kernel cache that owns the SentencePiece resource;
+    # the wrapper re-creates it, in eager calls and in tf.data maps traced afterwards.
+    import keras
+
+    tok = SubwordTokenizer.from_file(spm_model_path)
+    before = tok.tokenize(["In the beginning"]).to_list()
+    keras.utils.set_random_seed(7)
+    assert tok.tokenize(["In the beginning"]).to_list() == before
+    keras.utils.set_random_seed(8)
+    ds = tf.data.Dataset.from_tensor_slices(["In the beginning"]).batch(1).map(
+        lambda s: tok.tokenize(s).to_tensor())
+    assert [row.tolist() for batch in ds.as_numpy_iterator() for row in batch] == before
+    assert tok.detokenize(tf.ragged.constant(before)).numpy().tolist() == [b"In the beginning"]

@@ -1,0 +1,192 @@
+"""Runners of the TFX pipeline: locally (LocalDagRunner, Beam DirectRunner, SQLite ML Metadata),
+and a compile to Kubeflow Pipelines V2 / Vertex AI Pipelines JSON (no cluster needed).
+
+    run_local(cfg)                       # -> pushed version dir, verified in a fresh process
+    compile_kubeflow_v2(cfg, "aiayn-translate.json", pipeline_root="gs://bucket/tfx",
+                        examples_dir="gs://bucket/examples", push_dir="gs://bucket/serving",
+                        image="europe-docker.pkg.dev/project/repo/aiayn-tfx:latest")
+
+Beam pipeline arguments pass through unchanged to the data components (StatisticsGen,
+SchemaGen, ExampleValidator, ExampleGen): ``--runner=DataflowRunner --project=... --region=...
+--temp_location=gs://...``, ``--runner=FlinkRunner --flink_master=...``,
+``--runner=SparkRunner ...``; locally the default DirectRunner.
+
+TFX is imported inside the functions, so the project works without it (see
+pipeline/scripts/tfx_env.sh for where TFX 1.21 installs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from aiayn.pipeline.config import Config
+from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.tfx_data import default_examples_dir
+from aiayn.pipeline.tfx_pipeline import PIPELINE_NAME, create_pipeline
+
+DEFAULT_TFX_DIR = "runs/tfx"
+
+
+def require_tfx() -> None:
+    """Raises a :class:`UserInputError` with the way out when TFX cannot be imported here."""
+    try:
+        import ml_metadata  # noqa: F401  (the part that needs glibc >= 2.38)
+        import tfx  # noqa: F401
+    except ImportError as err:
+        raise UserInputError(
+            f"TFX is not importable in this Python ({err}). Install the `tfx` extra "
+            "(`pip install -e '.[tfx]'`, needs glibc >= 2.39), or run it as `make tfx`, which "
+            "uses pipeline/scripts/tfx_env.sh (a Debian 13 root where the host is older).") \
+            from None
+
+
+def default_paths(cfg: Config, tfx_dir: str | os.PathLike = DEFAULT_TFX_DIR) -> dict[str, str]:
+    """Local defaults: ExampleGen input, pipeline root, metadata DB and push destination."""
+    tfx_dir = Path(tfx_dir)
+    return {
+        "examples_dir": str(default_examples_dir(cfg)),
+        "pipeline_root": str(tfx_dir / "pipeline_root"),
+        "metadata_path": str(tfx_dir / "metadata.db"),
+        # The directory TF Serving watches for this model (`make serve` serves it too).
+        "push_dir": str(Path(cfg.export.base_dir) / cfg.export.model_name),
+    }
+
+
+def _versions(push_dir: Path) -> set[int]:
+    if not push_dir.is_dir():
+        return set()
+    return {int(p.name) for p in push_dir.iterdir() if p.name.isdigit() and p.is_dir()}
+
+
+def build_pipeline(cfg: Config, *, examples_dir: str, pipeline_root: str, push_dir: str,
+                   input_format: str = "tfrecord", overrides: Sequence[str] = (),
+                   metadata_connection_config: Any = None,
+                   beam_pipeline_args: Sequence[str] = (),
+                   pipeline_name: str = PIPELINE_NAME) -> Any:
+    """``create_pipeline`` with ``cfg`` as the Trainer's configuration."""
+    return create_pipeline(
+        pipeline_name=pipeline_name, pipeline_root=pipeline_root, examples_dir=examples_dir,
+        push_dir=push_dir, config=cfg.to_dict(), train_steps=cfg.train.steps,
+        input_format=input_format, preset=cfg.preset, overrides=overrides,
+        metadata_connection_config=metadata_connection_config,
+        beam_pipeline_args=list(beam_pipeline_args))
+
+
+def run_local(cfg: Config, *, examples_dir: str | None = None, input_format: str = "tfrecord",
+              tfx_dir: str | os.PathLike = DEFAULT_TFX_DIR, push_dir: str | None = None,
+              beam_pipeline_args: Sequence[str] = (), verify: bool = True) -> dict[str, Any]:
+    """Runs the pipeline with LocalDagRunner (Beam DirectRunner, SQLite ML Metadata).
+
+    Args:
+      cfg: the run configuration (the Trainer trains with it).
+      examples_dir: ExampleGen input (default ``<data_dir>/tfx_examples``, ``aiayn tfx-data``).
+      input_format: ``tfrecord`` or ``csv``.
+      tfx_dir: holds ``pipeline_root/`` and ``metadata.db``.
+      push_dir: Pusher destination (default ``<export.base_dir>/<export.model_name>``).
+      beam_pipeline_args: passed to Beam unchanged.
+      verify: check the pushed version with the export verifier (fresh process, stock ops).
+
+    Returns:
+      ``pushed_dir`` (the new version directory), ``seconds``, the paths, and ``verify`` (the
+      verifier's summary).
+
+    Raises:
+      UserInputError: TFX missing, no ExampleGen input, or no version pushed.
+      aiayn.export.verify.VerificationError: the pushed model failed verification.
+    """
+    require_tfx()
+    from tfx import v1 as tfx
+
+    paths = default_paths(cfg, tfx_dir)
+    examples_dir = examples_dir or paths["examples_dir"]
+    push = Path(push_dir or paths["push_dir"])
+    for split in ("train", "eval"):
+        if not (Path(examples_dir) / split).is_dir():
+            raise UserInputError(f"{examples_dir}/{split}/ not found: write the ExampleGen input "
+                                 "first with `aiayn tfx-data` (same --preset/--set).")
+    Path(paths["metadata_path"]).parent.mkdir(parents=True, exist_ok=True)
+    before = _versions(push)
+    pipeline = build_pipeline(
+        cfg, examples_dir=str(Path(examples_dir).resolve()),
+        pipeline_root=str(Path(paths["pipeline_root"]).resolve()), push_dir=str(push.resolve()),
+        input_format=input_format,
+        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+            str(Path(paths["metadata_path"]).resolve())),
+        beam_pipeline_args=beam_pipeline_args)
+    start = time.monotonic()
+    tfx.orchestration.LocalDagRunner().run(pipeline)
+    seconds = round(time.monotonic() - start, 1)
+    new = sorted(_versions(push) - before)
+    if not new:
+        raise UserInputError(f"The pipeline ran but Pusher wrote no new version under {push}.")
+    pushed = push / str(new[-1])
+    # models.config / batching_parameters.txt beside the versions, as `aiayn export` writes.
+    from aiayn.export.saved_model import write_server_configs
+
+    write_server_configs(push.parent, push.name, cfg.export.max_batch_size)
+    result: dict[str, Any] = {"pushed_dir": str(pushed), "seconds": seconds,
+                              "examples_dir": examples_dir, "push_dir": str(push), **{
+                                  k: paths[k] for k in ("pipeline_root", "metadata_path")}}
+    if verify:
+        from aiayn.export.verify import verify_export
+
+        report = verify_export(pushed)
+        report.raise_if_failed()
+        result["verify"] = report.summary()
+    return result
+
+
+def compile_kubeflow_v2(cfg: Config, output_path: str | os.PathLike, *, pipeline_root: str,
+                        examples_dir: str, push_dir: str, image: str,
+                        input_format: str = "tfrecord", beam_pipeline_args: Sequence[str] = (),
+                        pipeline_name: str = PIPELINE_NAME) -> dict[str, Any]:
+    """Compiles the pipeline to a Kubeflow Pipelines V2 / Vertex AI Pipelines JSON definition.
+
+    Args:
+      cfg: the run configuration.
+      output_path: the JSON file to write.
+      pipeline_root / examples_dir / push_dir: URIs the cluster can reach (``gs://...``).
+      image: a container image holding TFX 1.21 and this package (see the README's TFX section).
+      input_format, beam_pipeline_args: as for :func:`run_local`.
+
+    Returns:
+      ``{"path", "trainer_run_fn", "components"}``.
+
+    Raises:
+      UserInputError: TFX or its Kubeflow V2 dependency (kfp-pipeline-spec) missing.
+    """
+    require_tfx()
+    try:
+        from tfx import v1 as tfx
+
+        runner_cls = tfx.orchestration.experimental.KubeflowV2DagRunner
+        config_cls = tfx.orchestration.experimental.KubeflowV2DagRunnerConfig
+    except ImportError as err:  # kfp.pipeline_spec
+        raise UserInputError(f"The Kubeflow V2 runner needs kfp-pipeline-spec ({err}): "
+                             "pip install 'kfp-pipeline-spec<2.17'.") from None
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    pipeline = build_pipeline(cfg, examples_dir=examples_dir, pipeline_root=pipeline_root,
+                              push_dir=push_dir, input_format=input_format,
+                              beam_pipeline_args=beam_pipeline_args, pipeline_name=pipeline_name)
+    runner = runner_cls(config=config_cls(default_image=image),
+                        output_dir=str(output_path.parent), output_filename=output_path.name)
+    runner.run(pipeline)
+    spec = json.loads(output_path.read_text(encoding="utf-8"))
+    executors = spec.get("pipelineSpec", spec).get("deploymentSpec", {}).get("executors", {})
+    return {"path": str(output_path), "components": sorted(
+                spec.get("pipelineSpec", spec).get("components", {})),
+            "executors": sorted(executors),
+            "trainer_run_fn": _trainer_run_fn(spec)}
+
+
+def _trainer_run_fn(spec: dict[str, Any]) -> str | None:
+    """The ``run_fn`` the compiled Trainer step references (None if not found)."""
+    text = json.dumps(spec)
+    from aiayn.pipeline.tfx_module import RUN_FN
+
+    return RUN_FN if RUN_FN in text else None
