@@ -10,7 +10,7 @@ SETS := $(foreach s,$(SET),--set $(s))
 ARGS := --preset $(PRESET) $(SETS)
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps train data vocab fit evaluate export serve translate test test-fast bench clean
+.PHONY: help install system-deps train data vocab fit evaluate export serve translate test test-fast bench clean tfx
 
 help: ## List the targets, one line each.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,11 @@ export: $(STAMP) ## Write the versioned serving SavedModel.
 
 serve: $(STAMP) ## Serve the export (TF Serving if installed, else the development server).
 	$(AIAYN) serve $(ARGS)
+
+tfx: $(STAMP) system-deps ## TFX pipeline locally (ExampleGen..Trainer..Pusher; Debian 13 root if needed), verify the push.
+	$(AIAYN) tfx-data $(ARGS)
+	bash pipeline/scripts/tfx_env.sh run python -m aiayn.pipeline.cli tfx-run $(ARGS)
+	$(AIAYN) verify $(ARGS)
 
 test: $(STAMP) ## Run the whole test suite (unit + slow integration tests).
 	$(PY) -m pytest -q tests

@@ -31,6 +31,8 @@ Example (how the Trainer is configured, see tfx_pipeline.py)::
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import tempfile
@@ -184,7 +186,9 @@ def run_fn(fn_args: Any) -> dict[str, Any]:
 
         vocab.train_vocab(cfg)  # on the training split only
         summary = train(cfg)
-        version_dir = export_run(cfg, weights=summary.get("final_weights"), verify=True)
+        with contextlib.redirect_stdout(io.StringIO()):  # its "serve it with" names scratch
+            version_dir = export_run(cfg, weights=summary.get("final_weights"), verify=True)
+        print(f"run_fn: exported and verified; writing {serving_model_dir}", flush=True)
         _copy_tree(Path(version_dir), serving_model_dir)
         if model_run_dir and _is_remote(model_run_dir):
             _copy_tree(local_run, model_run_dir)

@@ -126,8 +126,10 @@ ensure_native() {
 # Debian 13 root
 in_root() {  # in_root ROOT CMD...: runs CMD (a shell string) chrooted, with the bind mounts
   local root="$1"; shift
-  local binds="$REPO /tmp"
+  local binds="$REPO /tmp" cwd
+  cwd="$(pwd)"
   if [ "$PY_PREFIX" != "/usr" ]; then binds="$binds $PY_PREFIX"; fi
+  case "$cwd/" in "$REPO"/*|/tmp/*) ;; *) binds="$binds $cwd" ;; esac
   cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
   cp -L /etc/hosts "$root/etc/hosts" 2>/dev/null || true
   for f in /etc/pip.conf; do [ -f "$f" ] && cp -L "$f" "$root$f" || true; done
@@ -136,7 +138,6 @@ in_root() {  # in_root ROOT CMD...: runs CMD (a shell string) chrooted, with the
   if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
     mkdir -p "$root/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
   fi
-  local cwd; cwd="$(pwd)"
   AIAYN_ROOT="$root" AIAYN_BINDS="$binds" AIAYN_CWD="$cwd" AIAYN_CMD="$*" \
   unshare --mount --propagation private bash -euc '
     r="$AIAYN_ROOT"
@@ -153,6 +154,9 @@ in_root() {  # in_root ROOT CMD...: runs CMD (a shell string) chrooted, with the
 ensure_root() {
   local root stamp want mirror
   root="$(root_dir)"
+  if [ "$(id -u)" != 0 ]; then
+    die 3 "TFX 1.21 needs glibc >= 2.39 (this host: $(ldd --version 2>&1 | head -1)); the Debian 13 root needs root (chroot, bind mounts). Run as root, or on a Debian 13 host."
+  fi
   if [ ! -f "$root/.aiayn-root-ok" ]; then
     if ! command -v mmdebstrap >/dev/null; then
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
