@@ -63,7 +63,9 @@ def config_from_custom_config(custom_config: Mapping[str, Any] | None,
       aiayn.pipeline.config.ConfigError: an unknown key or a bad value.
     """
     custom_config = dict(custom_config or {})
-    unknown = set(custom_config) - {"config", "preset", "overrides"}
+    # ai_platform_*: what TFX's Vertex AI Training extension adds (machine, region, image).
+    unknown = {k for k in custom_config if not k.startswith("ai_platform_")} - {
+        "config", "preset", "overrides"}
     if unknown:
         raise UserInputError(f"Trainer custom_config has unknown keys {sorted(unknown)}; "
                              "valid: config, preset, overrides.")

@@ -55,9 +55,18 @@ EOF
 
 requirements() {  # the project's dependencies + its tfx extra, one per line
   "$PY_BASE" - "$REPO/pyproject.toml" <<'EOF'
-import sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-for req in project["dependencies"] + project["optional-dependencies"]["tfx"]:
+import re, sys
+try:
+    import tomllib
+    project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["tfx"]
+except ImportError:  # Python 3.10: the two lists are simple enough to read directly
+    text = open(sys.argv[1], encoding="utf-8").read()
+    reqs = []
+    for key in ("dependencies", "tfx"):
+        body = re.search(r"^%s = \[(.*?)\]" % key, text, re.M | re.S).group(1)
+        reqs += re.findall(r'"([^"]+)"', re.sub(r"#.*", "", body))
+for req in reqs:
     print(req)
 EOF
 }
@@ -114,12 +123,15 @@ ensure_native() {
   want="$(printf '%s\n%s\n' "$PY_BASE" "$(requirements)")"
   stamp="$venv/.aiayn-tfx-stamp"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  mkdir -p "$venv"; exec 9>"$venv/.lock"; flock 9
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exec 9>&-; return; fi
   log "creating $venv (TFX installs natively: glibc >= 2.39)"
   [ -x "$venv/bin/python" ] || "$PY_BASE" -m venv "$venv"
   requirements > "$venv/requirements.txt"
   $NICE "$venv/bin/python" -m pip install --quiet -r "$venv/requirements.txt" 2>&1 \
     | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
   printf '%s' "$want" > "$stamp"
+  exec 9>&-
 }
 
 # --------------------------------------------------------------------------------------------
@@ -146,7 +158,8 @@ in_root() {  # in_root ROOT CMD...: runs CMD (a shell string) chrooted, with the
     mount --rbind /sys "$r/sys" 2>/dev/null || true
     for p in $AIAYN_BINDS; do mkdir -p "$r$p"; mount --rbind "$p" "$r$p"; done
     mkdir -p "$r$AIAYN_CWD"
-    exec chroot "$r" /usr/bin/env HOME=/root \
+    exec chroot "$r" /usr/bin/env -u LD_LIBRARY_PATH -u LD_PRELOAD -u PYTHONHOME -u VIRTUAL_ENV \
+      HOME=/root \
       PATH=/opt/aiayn-tfx-venv/bin:/usr/local/bin:/usr/bin:/bin \
       /bin/bash -c "cd \"\$0\" && $AIAYN_CMD" "$AIAYN_CWD"'
 }
@@ -157,6 +170,8 @@ ensure_root() {
   if [ "$(id -u)" != 0 ]; then
     die 3 "TFX 1.21 needs glibc >= 2.39 (this host: $(ldd --version 2>&1 | head -1)); the Debian 13 root needs root (chroot, bind mounts). Run as root, or on a Debian 13 host."
   fi
+  mkdir -p "$(dirname "$root")"
+  exec 9>"$root.lock"; flock 9  # one builder at a time (make tfx and the tests may race)
   if [ ! -f "$root/.aiayn-root-ok" ]; then
     if ! command -v mmdebstrap >/dev/null; then
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -171,7 +186,7 @@ ensure_root() {
     mirror="$(host_mirror)"
     [ -n "$mirror" ] || die 3 "no Debian mirror in the host's apt sources; set AIAYN_TFX_MIRROR."
     log "building a Debian $SUITE root in $root from $mirror (about a minute)"
-    rm -rf "$root.tmp"; mkdir -p "$(dirname "$root")"
+    rm -rf "$root.tmp"
     # g++: pyfarmhash (a tfx-bsl dependency) builds from source. The lib* packages are what a
     # bind-mounted CPython's extension modules link against (ssl, sqlite3, ctypes, bz2, lzma...).
     local pkgs="ca-certificates,g++,make,libssl3t64,libsqlite3-0,libffi8,zlib1g,libbz2-1.0,liblzma5,libreadline8t64,libncursesw6,libgdbm6t64,libuuid1,libexpat1"
@@ -185,7 +200,7 @@ ensure_root() {
   if [ "$PY_PREFIX" = "/usr" ]; then py=/usr/bin/python3; fi
   want="$(printf '%s\n%s\n' "$py" "$(requirements)")"
   stamp="$root$VENV_IN_ROOT/.aiayn-tfx-stamp"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exec 9>&-; return; fi
   log "installing TFX into $root$VENV_IN_ROOT (a few minutes the first time)"
   mkdir -p "$root$VENV_IN_ROOT"
   requirements > "$root$VENV_IN_ROOT/requirements.txt"
@@ -194,6 +209,7 @@ ensure_root() {
     $NICE $VENV_IN_ROOT/bin/python -m pip install --quiet -r $VENV_IN_ROOT/requirements.txt 2>&1 \
       | { grep -v \"^WARNING: Location '.*' is ignored\" || true; } >&2"
   printf '%s' "$want" > "$stamp"
+  exec 9>&-
 }
 
 # The working tree on PYTHONPATH as the `aiayn` namespace package (aiayn.pipeline -> pipeline/).
