@@ -4,7 +4,7 @@
     aiayn tfx-run     --preset tiny                      # LocalDagRunner, then verify the push
     aiayn tfx-compile --preset small --output aiayn-translate.json \
         --pipeline-root gs://B/tfx --examples gs://B/examples --push-dir gs://B/serving/translate \
-        --image REGION-docker.pkg.dev/P/R/aiayn-tfx:latest \
+        --image IMAGE_URI \
         --beam-arg=--runner=DataflowRunner --beam-arg=--project=P --beam-arg=--region=R
 
 `tfx-run` and `tfx-compile` need TFX 1.21 (`make tfx` finds or builds an environment for it,

@@ -4,7 +4,7 @@ and a compile to Kubeflow Pipelines V2 / Vertex AI Pipelines JSON (no cluster ne
     run_local(cfg)                       # -> pushed version dir, verified in a fresh process
     compile_kubeflow_v2(cfg, "aiayn-translate.json", pipeline_root="gs://bucket/tfx",
                         examples_dir="gs://bucket/examples", push_dir="gs://bucket/serving",
-                        image="europe-docker.pkg.dev/project/repo/aiayn-tfx:latest")
+                        image="IMAGE_URI")
 
 Beam pipeline arguments pass through unchanged to the data components (StatisticsGen,
 SchemaGen, ExampleValidator, ExampleGen): ``--runner=DataflowRunner --project=... --region=...

@@ -102,7 +102,7 @@ def test_kubeflow_v2_compile_references_our_trainer_module(tfx_env, tmp_path):
         ["tfx-compile", "--preset", "tiny", "--output", str(output),
          "--pipeline-root", "gs://bucket/tfx", "--examples", "gs://bucket/examples",
          "--push-dir", "gs://bucket/serving/translate",
-         "--image", "europe-docker.pkg.dev/project/repo/aiayn-tfx:1",
+         "--image", "example/aiayn-tfx:1",
          "--beam-arg=--runner=DataflowRunner", "--beam-arg=--region=europe-west4"],
         cwd=tmp_path, timeout=300))
     assert result["trainer_run_fn"] == RUN_FN
@@ -116,6 +116,6 @@ def test_kubeflow_v2_compile_references_our_trainer_module(tfx_env, tmp_path):
     assert custom["preset"] == "tiny" and custom["config"]["model"]["hidden_dim"] == 16
     trainer = spec["deploymentSpec"]["executors"]["Trainer_executor"]["container"]
     assert "tfx.components.trainer.executor.GenericExecutor" in trainer["args"]
-    assert trainer["image"] == "europe-docker.pkg.dev/project/repo/aiayn-tfx:1"
+    assert trainer["image"] == "example/aiayn-tfx:1"
     stats = spec["deploymentSpec"]["executors"]["StatisticsGen_executor"]["container"]["args"]
     assert "--runner=DataflowRunner" in stats and "--region=europe-west4" in stats
