@@ -31,6 +31,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from aiayn.pipeline.fileio import atomic_write
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
@@ -96,11 +98,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def tensorboard_available() -> bool:

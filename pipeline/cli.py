@@ -106,13 +106,21 @@ COMMANDS: dict[str, tuple[str, Callable, Callable | None]] = {
     "run": ("Run the whole job: data, vocab, train, evaluate, export.", _cmd_run, _args_run),
 }
 
-# Commands contributed by other modules: name -> "module:function" that adds a subparser.
-# Each function takes the subparsers object and registers its parser with `func=` set to a
-# callable(args) -> result.
-EXTRA_COMMANDS: tuple[str, ...] = (
-    "pipeline.serving_commands:register",
-    "pipeline.tfx_commands:register",
+# Modules that contribute commands: each has a `COMMANDS` table of the same shape as the one
+# above (name -> (help, handler(args, cfg), add-arguments or None)).
+EXTRA_COMMAND_MODULES: tuple[str, ...] = (
+    "pipeline.serving_commands",
+    "pipeline.tfx_commands",
 )
+
+
+def _add_commands(sub, commands) -> None:
+    for name, (help_text, handler, add_args) in commands.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_config_args(p)
+        if add_args:
+            add_args(p)
+        p.set_defaults(func=lambda args, h=handler: h(args, _config(args)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,21 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Keras 3 / TensorFlow.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, (help_text, handler, add_args) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_config_args(p)
-        if add_args:
-            add_args(p)
-        p.set_defaults(func=lambda args, h=handler: h(args, _config(args)))
-    for spec in EXTRA_COMMANDS:
-        module, function = spec.split(":")
-        try:
-            register = _call(module, function)
-        except ModuleNotFoundError as err:
-            if err.name != f"aiayn.{module}":
-                raise
-            continue
-        register(sub, _add_config_args, _config)
+    _add_commands(sub, COMMANDS)
+    for module in EXTRA_COMMAND_MODULES:
+        _add_commands(sub, _call(module, "COMMANDS"))
     return parser
 
 

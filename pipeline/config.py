@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
+
+from aiayn.pipeline.fileio import atomic_write
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -390,19 +391,9 @@ def validate(cfg: Config) -> None:
 
 def write_config(cfg: Config, path: str | os.PathLike) -> Path:
     """Writes the resolved config as YAML atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(f"# Resolved configuration (preset: {cfg.preset or 'none'}).\n")
-            yaml.safe_dump({"preset": cfg.preset, **cfg.to_dict()}, f, sort_keys=False)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    text = (f"# Resolved configuration (preset: {cfg.preset or 'none'}).\n"
+            + yaml.safe_dump({"preset": cfg.preset, **cfg.to_dict()}, sort_keys=False))
+    return atomic_write(path, text)
 
 
 def read_config(path: str | os.PathLike) -> Config:

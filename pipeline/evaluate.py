@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 import weakref
 from pathlib import Path
@@ -27,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.config import Config, DecodeConfig
 from aiayn.pipeline.errors import UserInputError
 
@@ -234,6 +234,4 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text)

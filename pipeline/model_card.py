@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.errors import UserInputError
 
 MODEL_CARD = "model_card.md"
@@ -286,11 +287,7 @@ def write_model_card(cfg: Any, path: str | os.PathLike | None = None, *,
               "the heavens and the earth.\"", "```", ""]
     text = "\n".join(lines)
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, text)
     return text
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from aiayn.pipeline import config as config_lib
+from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.errors import UserInputError
 
 STAGES = ("data", "vocab", "train", "evaluate", "export")
@@ -98,9 +99,7 @@ def _plot_curves(run_dir: Path) -> str | None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
 def _score_line(report: dict[str, Any] | None) -> str:

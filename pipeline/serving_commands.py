@@ -292,12 +292,3 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "model-card": ("Print the model card (data, training, scores, limits) of an export.",
                    _cmd_model_card, _args_model_card),
 }
-
-
-def register(subparsers, add_config_args: Callable, load_config_fn: Callable) -> None:
-    """Adds the serving subcommands to the `aiayn` parser (see pipeline/cli.py)."""
-    for name, (help_text, handler, add_args) in COMMANDS.items():
-        p = subparsers.add_parser(name, help=help_text, description=help_text)
-        add_config_args(p)
-        add_args(p)
-        p.set_defaults(func=lambda args, h=handler: h(args, load_config_fn(args)))

@@ -103,12 +103,3 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "tfx-compile": ("Compile the TFX pipeline to Kubeflow Pipelines V2 / Vertex AI JSON.",
                     _cmd_tfx_compile, _args_tfx_compile),
 }
-
-
-def register(subparsers, add_config_args: Callable, load_config_fn: Callable) -> None:
-    """Adds the TFX subcommands to the `aiayn` parser (see pipeline/cli.py)."""
-    for name, (help_text, handler, add_args) in COMMANDS.items():
-        p = subparsers.add_parser(name, help=help_text, description=help_text)
-        add_config_args(p)
-        add_args(p)
-        p.set_defaults(func=lambda args, h=handler: h(args, load_config_fn(args)))

@@ -19,12 +19,12 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import sentencepiece as spm
 
+from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
 
@@ -125,14 +125,4 @@ def train_vocab(cfg: Config) -> Path:
             f"{data.vocab_size} on {train_path}: {fix}. (SentencePiece said: {err})") from err
 
     out = vocab_path(cfg)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(writer.getvalue())
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return out
+    return atomic_write(out, writer.getvalue())
