@@ -9,14 +9,17 @@ Cache contract (written once; every cached call in ``aiayn.models`` follows it).
     H  num_heads
     D  head_dim = hidden_dim // num_heads
 
-* Self-attention cache of one layer: a tuple ``(key_cache, value_cache)``, each ``(B, L, H, D)``
+* Keys, values and queries are kept head-major, ``(B, H, positions, D)``: the layout the
+  batched matmuls of attention read directly, so a decoding step never transposes a cache
+  (a ``(B, L, H, D)`` cache cost one full transposed copy per tensor per layer per step).
+* Self-attention cache of one layer: a tuple ``(key_cache, value_cache)``, each ``(B, H, L, D)``
   in the compute dtype, zeros at first. A cached call with ``cache_index = i`` writes the keys
-  and values of its ``T`` new positions at ``[:, i:i+T]`` with
+  and values of its ``T`` new positions at ``[:, :, i:i+T]`` with
   :func:`aiayn.models.masks.update_at` (a select against a position mask: shapes never change,
   never a concatenation, stock TensorFlow ops only, fused in place under XLA) and
   attends over all ``L`` slots; the caller's ``attention_mask`` (``(B, T, L)``, broadcastable)
   hides the slots that are not yet written (``position > i + t``).
-* Cross-attention cache of one layer: ``(key, value)``, each ``(B, S, H, D)``, projected once
+* Cross-attention cache of one layer: ``(key, value)``, each ``(B, H, S, D)``, projected once
   from the encoder outputs by :meth:`MultiHeadAttention.project_key_value`; never updated.
 * The decoder keeps one such tuple per layer, in a tuple over layers (see ``decoder.py``).
 """
@@ -32,8 +35,9 @@ from aiayn.models.masks import mask_value, update_at
 
 
 def _split_heads(x, num_heads, head_dim):
-    # (B, T, H * D) -> (B, T, H, D); a reshape only, no transpose.
-    return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], num_heads, head_dim))
+    """``(B, T, H * D)`` -> head-major ``(B, H, T, D)``."""
+    x = ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], num_heads, head_dim))
+    return ops.transpose(x, (0, 2, 1, 3))
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
@@ -110,13 +114,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # -- projections -------------------------------------------------------------------------
     def _project_qkv(self, query):
-        """``(B, T, hidden)`` -> q, k, v each ``(B, T, H, D)`` from one fused matmul."""
+        """``(B, T, hidden)`` -> q, k, v each ``(B, H, T, D)`` from one fused matmul."""
         qkv = self.qkv_dense(query)  # (B, T, 3 * hidden)
         q, k, v = ops.split(qkv, 3, axis=-1)  # 3 x (B, T, hidden)
         return tuple(_split_heads(t, self.num_heads, self.head_dim) for t in (q, k, v))
 
     def project_key_value(self, value):
-        """Encoder outputs ``(B, S, hidden)`` -> ``(key, value)`` each ``(B, S, H, D)``.
+        """Encoder outputs ``(B, S, hidden)`` -> ``(key, value)`` each ``(B, H, S, D)``.
 
         Used once per sentence to build the cross-attention cache.
         """
@@ -133,9 +137,10 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # -- scaled dot-product attention (§3.2.1) -------------------------------------------------
     def _attend(self, q, k, v, attention_mask, training):
-        """q ``(B, T, H, D)``, k and v ``(B, S, H, D)`` -> ``(B, T, hidden)``, weights f32."""
+        """q ``(B, H, T, D)``, k and v ``(B, H, S, D)`` -> ``(B, T, hidden)``, weights f32."""
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        scores = ops.einsum("bthd,bshd->bhts", q, k)  # (B, H, T, S)
+        # Batched matmuls over (B, H); the key transpose folds into the matmul (adjoint).
+        scores = ops.matmul(q, ops.swapaxes(k, -1, -2))  # (B, H, T, S)
         scores = ops.cast(scores, "float32")  # softmax in float32 (numerical stability)
         if attention_mask is not None:
             mask = ops.cast(attention_mask, "bool")
@@ -144,7 +149,8 @@ class MultiHeadAttention(keras.layers.Layer):
             scores = ops.where(mask, scores, mask_value(scores.dtype))
         weights = ops.softmax(scores, axis=-1)  # (B, H, T, S) float32
         probs = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
-        out = ops.einsum("bhts,bshd->bthd", probs, v)  # (B, T, H, D)
+        out = ops.matmul(probs, v)  # (B, H, T, D)
+        out = ops.transpose(out, (0, 2, 1, 3))  # (B, T, H, D)
         out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.hidden_dim))
         return self.output_dense(out), weights  # (B, T, hidden)
 
@@ -172,20 +178,20 @@ class MultiHeadAttention(keras.layers.Layer):
 
         Args:
           query: ``(B, T, hidden)`` new positions (T = 1 when decoding token by token).
-          cache: self-attention: ``(key_cache, value_cache)`` each ``(B, L, H, D)``;
-            cross-attention: ``(key, value)`` each ``(B, S, H, D)``.
+          cache: self-attention: ``(key_cache, value_cache)`` each ``(B, H, L, D)``;
+            cross-attention: ``(key, value)`` each ``(B, H, S, D)``.
           cache_index: scalar int, position of the first new query (self-attention only).
           attention_mask: bool broadcastable to ``(B, T, L)`` (or ``(B, T, S)``).
 
         Returns:
           ``(output (B, T, hidden), cache)``; the self-attention cache with the new keys and
-          values written at ``[:, cache_index:cache_index + T]``, the cross cache unchanged.
+          values written at ``[:, :, cache_index:cache_index + T]``, the cross cache unchanged.
         """
         if self.self_attention:
-            q, k_new, v_new = self._project_qkv(query)  # each (B, T, H, D)
+            q, k_new, v_new = self._project_qkv(query)  # each (B, H, T, D)
             key_cache, value_cache = cache
-            key_cache = update_at(key_cache, cache_index, k_new, axis=1)  # (B, L, H, D)
-            value_cache = update_at(value_cache, cache_index, v_new, axis=1)  # (B, L, H, D)
+            key_cache = update_at(key_cache, cache_index, k_new, axis=2)  # (B, H, L, D)
+            value_cache = update_at(value_cache, cache_index, v_new, axis=2)  # (B, H, L, D)
             cache = (key_cache, value_cache)
         else:
             q = self._project_query(query)

@@ -2,8 +2,8 @@
 
 Cached incremental decoding follows the cache contract of :mod:`aiayn.models.attention`: the
 decoder's self-attention cache is a tuple over layers of ``(key_cache, value_cache)``, each
-``(B, L, H, D)``; its cross-attention cache a tuple over layers of ``(key, value)``, each
-``(B, S, H, D)``.
+``(B, H, L, D)``; its cross-attention cache a tuple over layers of ``(key, value)``, each
+``(B, H, S, D)``.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
 
         Args:
           x: ``(B, T, hidden_dim)``, the new positions starting at ``cache_index``.
-          self_cache: ``(key_cache, value_cache)`` each ``(B, L, H, D)``.
-          cross_cache: ``(key, value)`` each ``(B, S, H, D)``.
+          self_cache: ``(key_cache, value_cache)`` each ``(B, H, L, D)``.
+          cross_cache: ``(key, value)`` each ``(B, H, S, D)``.
           cache_index: scalar int.
           self_mask: bool broadcastable to ``(B, T, L)``; cross_mask: to ``(B, T, S)``.
 
@@ -203,14 +203,14 @@ class TransformerDecoder(keras.layers.Layer):
 
     # -- cached decoding ----------------------------------------------------------------------
     def init_cache(self, batch_size, max_length):
-        """Zeroed self-attention cache: a tuple over layers of ``(key, value)`` ``(B, L, H, D)``."""
+        """Zeroed self-attention cache: a tuple over layers of ``(key, value)`` ``(B, H, L, D)``."""
         head_dim = self.hidden_dim // self.num_heads
-        shape = (batch_size, max_length, self.num_heads, head_dim)
+        shape = (batch_size, self.num_heads, max_length, head_dim)
         return tuple((ops.zeros(shape, self.compute_dtype), ops.zeros(shape, self.compute_dtype))
                      for _ in self.decoder_layers)
 
     def cross_cache(self, encoder_outputs):
-        """Per-layer cross-attention ``(key, value)``, each ``(B, S, H, D)``, projected once."""
+        """Per-layer cross-attention ``(key, value)``, each ``(B, H, S, D)``, projected once."""
         return tuple(layer.cross_attention.project_key_value(encoder_outputs)
                      for layer in self.decoder_layers)
 
@@ -225,7 +225,7 @@ class TransformerDecoder(keras.layers.Layer):
         Returns:
           ``(output (B, T, hidden_dim), updated self_cache)``.
         """
-        max_length = ops.shape(self_cache[0][0])[1]
+        max_length = ops.shape(self_cache[0][0])[2]
         # Query t (absolute position cache_index + t) sees cache slots <= cache_index + t.
         self_mask = causal_mask(ops.shape(x)[1], max_length, cache_index)[None]  # (1, T, L)
         cross_mask = (None if encoder_padding_mask is None
