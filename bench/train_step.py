@@ -7,7 +7,7 @@ parameter count). Both train with Adam and the paper's schedule on the same rand
 MFU = model training FLOPs/s (3 x forward matmul FLOPs, attention included) over the float32
 matmul rate measured in the same run. Prints a table, then one JSON line.
 
-    .venv/bin/python bench/train_step.py [--steps 4] [--base-steps 2]
+    .venv/bin/python bench/train_step.py [--steps 3] [--base-steps 1] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -152,24 +152,57 @@ def features(vocab, batch, src, tgt):
     return x, y
 
 
-def time_steps(model, loss, jit, x, y, hidden_dim, steps):
+def compiled(model, loss, jit, hidden_dim):
     model.compile(optimizer=keras.optimizers.Adam(TransformerSchedule(hidden_dim, 4000),
                                                   beta_2=0.98, epsilon=1e-9),
                   loss=loss, jit_compile=jit)
-    model.train_on_batch(x, y)  # trace / compile
-    start = time.perf_counter()
-    for _ in range(steps):
-        model.train_on_batch(x, y)
-    return (time.perf_counter() - start) / steps
+    return model
+
+
+def contest(models, x, y, steps, rounds):
+    """Seconds per step for each model: median over ``rounds`` interleaved blocks.
+
+    Every model is warmed up (trace / compile, then two more steps) before any timing; the
+    timed blocks of ``steps`` steps then alternate between the models, so that a slow or noisy
+    spell of the machine falls on all of them alike.
+    """
+    x = {key: tf.constant(value) for key, value in x.items()}
+    y = tf.constant(y)
+    for model in models.values():
+        for _ in range(3):
+            model.train_on_batch(x, y)
+    blocks = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                model.train_on_batch(x, y)
+            blocks[name].append((time.perf_counter() - start) / steps)
+    return {name: float(np.median(times)) for name, times in blocks.items()}
+
+
+def build(name, m, vocab, jit, policy=None):
+    keras.utils.set_random_seed(0)
+    if name == "tutorial":
+        model = TutorialTransformer(vocab, m.num_layers, m.hidden_dim, m.num_heads,
+                                    m.intermediate_dim, m.dropout)
+        return compiled(model, tutorial_masked_loss, jit, m.hidden_dim)
+    kwargs = {} if policy is None else {"dtype": policy}
+    model = Transformer(vocabulary_size=vocab, pad_id=0, **dataclasses.asdict(m), **kwargs)
+    return compiled(model, MaskedLabelSmoothedCrossEntropy(0.1, pad_id=0), jit, m.hidden_dim)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="timed steps for small")
-    parser.add_argument("--base-steps", type=int, default=2, help="timed steps for base")
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed block, small")
+    parser.add_argument("--base-steps", type=int, default=1, help="steps per block, base")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed blocks")
     args = parser.parse_args()
     peak = matmul_flops_per_s()
     shapes = {"small": (32, 32, 32), "base": (8, 32, 32)}  # batch, source, target length
+    # The project's resolved defaults on this machine (train.mixed_precision=auto and
+    # train.jit_compile=auto: mixed_bfloat16 without XLA on CPUs with bf16 units).
+    policy, default_jit = resolve_mixed_precision("auto"), resolve_jit_compile("auto")
     rows, rate = [], {}
     for preset, steps in (("small", args.steps), ("base", args.base_steps)):
         cfg = load_config([preset])
@@ -178,55 +211,39 @@ def main():
         x, y = features(vocab, batch, src, tgt)
         flops = train_flops(m, vocab, batch, src, tgt)
         for jit in (False, True):
-            for name in ("ours", "tutorial"):
-                keras.utils.set_random_seed(0)
-                if name == "ours":
-                    model = Transformer(vocabulary_size=vocab, pad_id=0,
-                                        **dataclasses.asdict(m))
-                    loss = MaskedLabelSmoothedCrossEntropy(0.1, pad_id=0)
-                else:
-                    model = TutorialTransformer(vocab, m.num_layers, m.hidden_dim, m.num_heads,
-                                                m.intermediate_dim, m.dropout)
-                    loss = tutorial_masked_loss
-                seconds = time_steps(model, loss, jit, x, y, m.hidden_dim, steps)
-                tokens_per_s = batch * tgt / seconds
-                mfu = flops / seconds / peak
-                rate[(preset, name, jit)] = tokens_per_s
-                rows.append((preset, name, jit, seconds, tokens_per_s, mfu))
-                print(f"  measured {preset} {name} jit={jit}: {seconds:.3f} s/step", flush=True)
+            models = {"ours": build("ours", m, vocab, jit),
+                      "tutorial": build("tutorial", m, vocab, jit)}
+            if preset == "small" and jit == default_jit:
+                models["ours-defaults"] = build("ours", m, vocab, jit, policy)
+            seconds = contest(models, x, y, steps, args.rounds)
+            for name, sec in seconds.items():
+                rate[(preset, name, jit)] = batch * tgt / sec
+                label = f"ours ({policy})" if name == "ours-defaults" else name
+                rows.append((preset, label, jit, sec, batch * tgt / sec, flops / sec / peak))
+                print(f"  measured {preset} {label} jit={jit}: {sec:.3f} s/step", flush=True)
+            del models
     print(f"\nfloat32 matmul rate in this run: {peak / 1e9:.1f} GFLOP/s; {os.cpu_count()} CPU "
-          f"cores; timed steps: small {args.steps}, base {args.base_steps} (few, to keep the "
-          f"run short on CPU); batch x source x target: {shapes}")
-    print(f"{'preset':<6} {'model':<9} {'jit':<5} {'s/step':>7} {'tgt tok/s':>10} {'MFU':>6}")
+          f"cores; median of {args.rounds} interleaved blocks (small {args.steps} steps, base "
+          f"{args.base_steps}); batch x source x target: {shapes}")
+    print(f"{'preset':<6} {'model':<22} {'jit':<5} {'s/step':>7} {'tgt tok/s':>10} {'MFU':>6}")
     for preset, name, jit, seconds, tps, mfu in rows:
-        print(f"{preset:<6} {name:<9} {str(jit):<5} {seconds:7.3f} {tps:10.1f} {mfu:6.1%}")
-    # The project's resolved defaults on this machine (train.mixed_precision=auto and
-    # train.jit_compile=auto: mixed_bfloat16 without XLA on CPUs with bf16 units).
-    policy, jit = resolve_mixed_precision("auto"), resolve_jit_compile("auto")
-    cfg = load_config(["small"])
-    m, vocab = cfg.model, cfg.data.vocab_size
-    batch, src, tgt = shapes["small"]
-    x, y = features(vocab, batch, src, tgt)
-    keras.utils.set_random_seed(0)
-    model = Transformer(vocabulary_size=vocab, pad_id=0, dtype=policy, **dataclasses.asdict(m))
-    seconds = time_steps(model, MaskedLabelSmoothedCrossEntropy(0.1, pad_id=0), jit, x, y,
-                         m.hidden_dim, args.steps)
-    rate[("small", "ours-defaults", jit)] = batch * tgt / seconds
-    print(f"small ours with the project defaults ({policy}, jit_compile={jit}): "
-          f"{seconds:.3f} s/step, {batch * tgt / seconds:.1f} target tokens/s")
-    mfu_base_jit = [r[5] for r in rows if r[:3] == ("base", "ours", True)][0]
+        print(f"{preset:<6} {name:<22} {str(jit):<5} {seconds:7.3f} {tps:10.1f} {mfu:6.1%}")
+    print(f"(MFU of the {policy} row is still counted against the float32 matmul rate.)")
+    mfu = {(r[0], r[1], r[2]): r[5] for r in rows}
     result = {
         # Project defaults (resolved above); tutorial defaults: float32, no XLA on CPU.
-        "speedup_defaults_small": round(rate[("small", "ours-defaults", jit)]
+        "speedup_defaults_small": round(rate[("small", "ours-defaults", default_jit)]
                                         / rate[("small", "tutorial", False)], 2),
-        "defaults": f"{policy}, jit_compile={jit}",
+        "defaults": f"{policy}, jit_compile={default_jit}",
         "speedup_equal_small": round(rate[("small", "ours", False)]
                                      / rate[("small", "tutorial", False)], 2),
         "speedup_equal_small_jit": round(rate[("small", "ours", True)]
                                          / rate[("small", "tutorial", True)], 2),
-        "mfu_base_jit": round(mfu_base_jit, 3),
-        "mfu_base_tutorial_jit": round([r[5] for r in rows
-                                        if r[:3] == ("base", "tutorial", True)][0], 3),
+        "speedup_equal_base": round(rate[("base", "ours", False)]
+                                    / rate[("base", "tutorial", False)], 2),
+        "mfu_base_jit": round(mfu[("base", "ours", True)], 3),
+        "mfu_base_tutorial_jit": round(mfu[("base", "tutorial", True)], 3),
+        "mfu_small": round(mfu[("small", "ours", False)], 3),
         "matmul_gflops": round(peak / 1e9, 1),
     }
     print(json.dumps(result))
