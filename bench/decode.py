@@ -47,19 +47,18 @@ def make_decoders(model, beam_size, jit):
 
     def run(ids, mask, max_length, cached):
         batch = tf.shape(ids)[0]
-        encoded = model.encode(ids, mask)
-        memory = model.encoder_memory(encoded, mask)
-        expand = (lambda t: decoding.expand_to_beams(t, beam_size)) if beam_size > 1 else None
-        source_ids, source_mask = ids, mask
-        if expand:
-            memory = keras.tree.map_structure(expand, memory)
-            source_ids, source_mask = expand(ids), expand(mask)
-        if cached:
-            cache = model.init_cache(batch * beam_size, max_length)
+        if cached:  # encode once; the beams of a sentence share its encoder memory
+            memory = model.encoder_memory(model.encode(ids, mask), mask)
+            cache = model.init_cache(batch, max_length, beam_size)
 
             def step_fn(seq, cache, index):
-                return model.decode_step(ops.take(seq, index, axis=1), cache, index, memory)
+                return model.decode_step(ops.take(seq, index, axis=1), cache, index, memory,
+                                         beam_size)
         else:
+            source_ids, source_mask = ids, mask
+            if beam_size > 1:
+                source_ids = decoding.expand_to_beams(ids, beam_size)
+                source_mask = decoding.expand_to_beams(mask, beam_size)
             cache = ()
 
             def step_fn(seq, cache, index):
@@ -75,7 +74,9 @@ def make_decoders(model, beam_size, jit):
         if beam_size == 1:
             return decoding.greedy_search(step_fn, cache, batch, BOS, NEVER, 0, max_length)
         return decoding.beam_search(step_fn, cache, batch, BOS, NEVER, 0, beam_size,
-                                    max_length, 0.6)
+                                    max_length, 0.6,
+                                    reorder_fn=model.reorder_cache if cached else
+                                    decoding.gather_rows)
 
     cached = tf.function(lambda a, b, n: run(a, b, n, True), input_signature=spec,
                          jit_compile=jit)

@@ -2,7 +2,7 @@
 
 Cache contract (written once; every cached call in ``aiayn.models`` follows it). Shape letters:
 
-    B  batch size (for beam search: batch_size * beam_size, beams of one sentence adjacent)
+    B  batch size (sentences; with beam search see "Beam search" below)
     L  cache length = the longest decoded sequence (static inside the decoding loop)
     S  source length (encoder positions)
     T  number of new query positions in one call (1 when decoding token by token)
@@ -19,6 +19,14 @@ Cache contract (written once; every cached call in ``aiayn.models`` follows it).
   never a concatenation, stock TensorFlow ops only, fused in place under XLA) and
   attends over all ``L`` slots; the caller's ``attention_mask`` (``(B, T, L)``, broadcastable)
   hides the slots that are not yet written (``position > i + t``).
+* Beam search (``beam_size = K > 1``): the self-attention cache of a sentence holds one slot
+  row per beam, ``(B, H, K * L, D)`` with B counting *sentences* (slot ``j * L + i``: position
+  ``i`` written by beam ``j``). The K beams of a sentence are the K query positions of one
+  call (``T = K``, all at position ``cache_index``); beam ``j`` writes slot ``(j, i)``. When the
+  search re-ranks beams, nothing here is copied: the caller keeps, per beam, which slot row
+  holds each position of its hypothesis (its ancestry) and passes it as the attention mask
+  (``(B, K, K * L)``), so each beam reads exactly its own history. With ``K = 1`` this is the
+  layout above.
 * Cross-attention cache of one layer: ``(key, value)``, each ``(B, H, S, D)``, projected once
   from the encoder outputs by :meth:`MultiHeadAttention.project_key_value`; never updated.
 * The decoder keeps one such tuple per layer, in a tuple over layers (see ``decoder.py``).
@@ -173,7 +181,7 @@ class MultiHeadAttention(keras.layers.Layer):
         q, k, v = self._qkv(query, value)
         return self._attend(q, k, v, attention_mask, training)
 
-    def call_cached(self, query, cache, cache_index=None, attention_mask=None):
+    def call_cached(self, query, cache, cache_index=None, attention_mask=None, beam_size=1):
         """Incremental attention over a cache (contract in the module docstring).
 
         Args:
@@ -182,6 +190,9 @@ class MultiHeadAttention(keras.layers.Layer):
             cross-attention: ``(key, value)`` each ``(B, H, S, D)``.
           cache_index: scalar int, position of the first new query (self-attention only).
           attention_mask: bool broadcastable to ``(B, T, L)`` (or ``(B, T, S)``).
+          beam_size: K > 1 for the beam layout of the module docstring: ``query`` is
+            ``(B, K, hidden)`` (one row per beam, all at ``cache_index``), the self-attention
+            cache ``(B, H, K * L, D)``, and beam ``j`` writes slot ``j * L + cache_index``.
 
         Returns:
           ``(output (B, T, hidden), cache)``; the self-attention cache with the new keys and
@@ -189,14 +200,22 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if self.self_attention:
             q, k_new, v_new = self._project_qkv(query)  # each (B, H, T, D)
-            key_cache, value_cache = cache
-            key_cache = update_at(key_cache, cache_index, k_new, axis=2)  # (B, H, L, D)
-            value_cache = update_at(value_cache, cache_index, v_new, axis=2)  # (B, H, L, D)
-            cache = (key_cache, value_cache)
+            cache = tuple(self._write(c, cache_index, new, beam_size)
+                          for c, new in zip(cache, (k_new, v_new)))
         else:
             q = self._project_query(query)
         output, _ = self._attend(q, cache[0], cache[1], attention_mask, training=False)
         return output, cache
+
+    @staticmethod
+    def _write(cache, index, new, beam_size):
+        """Writes new keys or values ``(B, H, T, D)`` into a ``(B, H, K * L, D)`` cache."""
+        if beam_size == 1:
+            return update_at(cache, index, new, axis=2)  # positions index .. index + T - 1
+        shape = ops.shape(cache)
+        slots = ops.reshape(cache, (shape[0], shape[1], beam_size, -1, shape[3]))  # (B,H,K,L,D)
+        slots = update_at(slots, index, new[:, :, :, None, :], axis=3)  # beam j -> slot (j, i)
+        return ops.reshape(slots, shape)
 
     def compute_output_shape(self, query_shape, value_shape=None):
         return query_shape

@@ -2,8 +2,8 @@
 
 Cached incremental decoding follows the cache contract of :mod:`aiayn.models.attention`: the
 decoder's self-attention cache is a tuple over layers of ``(key_cache, value_cache)``, each
-``(B, H, L, D)``; its cross-attention cache a tuple over layers of ``(key, value)``, each
-``(B, H, S, D)``.
+``(B, H, K * L, D)`` (K = 1 but for beam search); its cross-attention cache a tuple over
+layers of ``(key, value)``, each ``(B, H, S, D)``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
         return self.call_with_weights(x, encoder_outputs, decoder_padding_mask,
                                       encoder_padding_mask, training)[0]
 
-    def call_cached(self, x, self_cache, cross_cache, cache_index, self_mask, cross_mask):
+    def call_cached(self, x, self_cache, cross_cache, cache_index, self_mask, cross_mask,
+                    beam_size=1):
         """One incremental step (inference: no dropout).
 
         Args:
@@ -115,13 +116,15 @@ class TransformerDecoderLayer(keras.layers.Layer):
           cross_cache: ``(key, value)`` each ``(B, H, S, D)``.
           cache_index: scalar int.
           self_mask: bool broadcastable to ``(B, T, L)``; cross_mask: to ``(B, T, S)``.
+          beam_size: K > 1: the beam layout of :mod:`aiayn.models.attention` (T = K).
 
         Returns:
           ``(output (B, T, hidden_dim), updated self_cache)``.
         """
         x, self_cache, _ = self._sublayers(
             x,
-            lambda h: self.self_attention.call_cached(h, self_cache, cache_index, self_mask),
+            lambda h: self.self_attention.call_cached(h, self_cache, cache_index, self_mask,
+                                                      beam_size),
             lambda h: self.cross_attention.call_cached(h, cross_cache, None, cross_mask),
             training=False)
         return x, self_cache
@@ -202,10 +205,11 @@ class TransformerDecoder(keras.layers.Layer):
         return self._finish(x), self_weights, cross_weights
 
     # -- cached decoding ----------------------------------------------------------------------
-    def init_cache(self, batch_size, max_length):
-        """Zeroed self-attention cache: a tuple over layers of ``(key, value)`` ``(B, H, L, D)``."""
+    def init_cache(self, batch_size, max_length, beam_size=1):
+        """Zeroed self-attention cache: a tuple over layers of ``(key, value)``, each
+        ``(B, H, K * L, D)`` (K = beam_size; the beam layout of ``aiayn.models.attention``)."""
         head_dim = self.hidden_dim // self.num_heads
-        shape = (batch_size, self.num_heads, max_length, head_dim)
+        shape = (batch_size, self.num_heads, beam_size * max_length, head_dim)
         return tuple((ops.zeros(shape, self.compute_dtype), ops.zeros(shape, self.compute_dtype))
                      for _ in self.decoder_layers)
 
@@ -214,26 +218,42 @@ class TransformerDecoder(keras.layers.Layer):
         return tuple(layer.cross_attention.project_key_value(encoder_outputs)
                      for layer in self.decoder_layers)
 
-    def call_cached(self, x, self_cache, cross_cache, cache_index, encoder_padding_mask=None):
-        """Decodes ``T`` new positions starting at ``cache_index`` against the caches.
+    def call_cached(self, x, self_cache, cross_cache, cache_index, encoder_padding_mask=None,
+                    ancestry=None):
+        """Decodes new positions starting at ``cache_index`` against the caches.
 
         Args:
-          x: embedded new positions ``(B, T, hidden_dim)``.
+          x: embedded new positions ``(B, T, hidden_dim)``; for beam search ``(B, K, hidden)``,
+            one row per beam, all at position ``cache_index``.
           self_cache: from :meth:`init_cache` (or a previous step); cross_cache: from
             :meth:`cross_cache`; encoder_padding_mask: bool ``(B, S)`` or None.
+          ancestry: beam search only: int ``(B, K, L)``, for each beam the slot row (beam
+            index) holding each position of its hypothesis, already including
+            ``cache_index``; K (static) is the beam size. None: plain decoding.
 
         Returns:
           ``(output (B, T, hidden_dim), updated self_cache)``.
         """
-        max_length = ops.shape(self_cache[0][0])[2]
-        # Query t (absolute position cache_index + t) sees cache slots <= cache_index + t.
-        self_mask = causal_mask(ops.shape(x)[1], max_length, cache_index)[None]  # (1, T, L)
         cross_mask = (None if encoder_padding_mask is None
                       else padding_to_attention_mask(encoder_padding_mask))  # (B, 1, S)
+        if ancestry is None:
+            beam_size = 1
+            max_length = ops.shape(self_cache[0][0])[2]
+            # Query t (absolute position cache_index + t) sees slots <= cache_index + t.
+            self_mask = causal_mask(ops.shape(x)[1], max_length, cache_index)[None]  # (1, T, L)
+        else:
+            beam_size = ancestry.shape[1]
+            max_length = ops.shape(ancestry)[2]
+            slots = ops.arange(beam_size, dtype="int32")[None, None, :, None]  # (1, 1, K, 1)
+            written = ops.arange(max_length, dtype="int32") <= cache_index  # (L,)
+            # Beam j may read slot (k, i) iff position i of its hypothesis was written by k.
+            own = ops.logical_and(ops.equal(ops.cast(ancestry, "int32")[:, :, None, :], slots),
+                                  written)  # (B, K, K, L)
+            self_mask = ops.reshape(own, (-1, beam_size, beam_size * max_length))  # (B,K,K*L)
         new_cache = []
         for layer, layer_self, layer_cross in zip(self.decoder_layers, self_cache, cross_cache):
             x, layer_self = layer.call_cached(x, layer_self, layer_cross, cache_index,
-                                              self_mask, cross_mask)
+                                              self_mask, cross_mask, beam_size)
             new_cache.append(layer_self)
         return self._finish(x), tuple(new_cache)
 

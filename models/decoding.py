@@ -5,8 +5,11 @@ A step function has the signature ``step_fn(ids, cache, index) -> (logits, cache
 * ``ids``: int32 ``(N, max_length + 1)``, the sequences so far; position 0 holds BOS and
   positions ``<= index`` are filled (N = batch_size for greedy, batch_size * beam_size for beam
   search, the beams of one sentence adjacent).
-* ``cache``: any nested structure of tensors whose leading dimension is ``N`` (may be empty);
-  beam search reorders it along that dimension when beams are re-ranked.
+* ``cache``: any nested structure of tensors (may be empty). Beam search re-ranks beams with
+  ``reorder_fn(cache, rows)``, ``rows`` int32 ``(N,)``: new row ``r`` continues the hypothesis
+  of old row ``rows[r]``. The default gathers every tensor along its leading dimension (which
+  must then be ``N``); a model whose cache needs no copying passes its own (the Transformer
+  moves only a small ancestry table, see ``Transformer.reorder_cache``).
 * ``index``: int32 scalar, the position whose next-token distribution is wanted.
 * ``logits``: ``(N, vocabulary_size)`` for position ``index + 1``.
 
@@ -66,11 +69,6 @@ def gather_beams(x, beam_indices, old_beam_size):
     flat = flatten_beam_dim(x)  # (B * K_old, ...)
     picked = ops.take(flat, _flat_beam_indices(beam_indices, old_beam_size), axis=0)
     return unflatten_beam_dim(picked, new_beam_size)  # (B, K_new, ...)
-
-
-def gather_flat_beams(x, beam_indices, old_beam_size):
-    """Same for flat tensors (the cache): x ``(B * K_old, ...)`` -> ``(B * K_new, ...)``."""
-    return ops.take(x, _flat_beam_indices(beam_indices, old_beam_size), axis=0)
 
 
 def _finalise(sequences, eos_id, pad_id, generated):
@@ -137,8 +135,13 @@ def greedy_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, max_length
     return {"token_ids": token_ids, "scores": scores, "lengths": lengths}
 
 
+def gather_rows(cache, rows):
+    """The default ``reorder_fn``: every tensor of ``cache`` gathered along axis 0."""
+    return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), cache)
+
+
 def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, max_length,
-                length_penalty_alpha=0.6, n_best=1):
+                length_penalty_alpha=0.6, n_best=1, reorder_fn=gather_rows):
     """Batched beam search with the GNMT length penalty; finished hypotheses are kept.
 
     At every step the ``2 * beam_size`` best extensions of the alive beams are scored; those
@@ -150,14 +153,15 @@ def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, m
 
     Args:
       step_fn: ``(ids, cache, index) -> (logits, cache)``, N = batch_size * beam_size.
-      cache: initial cache, leading dimension ``batch_size * beam_size`` (beams adjacent; see
-        :func:`expand_to_beams`).
+      cache: initial cache (for the default ``reorder_fn``: leading dimension
+        ``batch_size * beam_size``, beams adjacent; see :func:`expand_to_beams`).
       batch_size: int or scalar tensor.
       bos_id, eos_id, pad_id: special token ids.
       beam_size: K (Python int).
       max_length: most tokens generated per sentence (EOS included).
       length_penalty_alpha: alpha (paper: 0.6); 0 ranks by raw log-probability.
       n_best: hypotheses returned per sentence (<= beam_size).
+      reorder_fn: ``(cache, rows) -> cache`` (module docstring); default :func:`gather_rows`.
 
     Returns:
       dict ``token_ids`` int32 ``(B, n_best, max_length)``, ``scores`` float32
@@ -205,7 +209,7 @@ def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, m
         alive_log_probs, alive_pick = ops.top_k(alive_candidates, k)  # (B, K)
         alive_ids = gather_beams(top_ids, alive_pick, 2 * k)  # (B, K, L + 1)
         origin = ops.take_along_axis(top_beams, alive_pick, axis=1)  # (B, K) parent beams
-        cache = keras.tree.map_structure(lambda t: gather_flat_beams(t, origin, k), cache)
+        cache = reorder_fn(cache, _flat_beam_indices(origin, k))
 
         # Finished: merge the new EOS hypotheses into the K best so far.
         new_scores = top_log_probs / length_penalty(index + 1, alpha)

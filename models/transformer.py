@@ -9,6 +9,7 @@ from aiayn.models import decoding
 from aiayn.models.decoder import TransformerDecoder
 from aiayn.models.embedding import TransformerEmbedding
 from aiayn.models.encoder import TransformerEncoder
+from aiayn.models.masks import update_at
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
@@ -148,26 +149,51 @@ class Transformer(keras.Model):
         return {"cross": self.decoder.cross_cache(encoder_outputs),
                 "encoder_padding_mask": ops.cast(encoder_padding_mask, "bool")}
 
-    def init_cache(self, batch_size, max_length):
-        """Zeroed decoder self-attention cache (contract in ``aiayn.models.attention``)."""
-        return self.decoder.init_cache(batch_size, max_length)
+    def init_cache(self, batch_size, max_length, beam_size=1):
+        """Zeroed decoding state for ``batch_size`` sentences of ``beam_size`` rows each.
 
-    def decode_step(self, token_ids, cache, index, memory):
-        """One cached decoder step.
+        A dict: ``"layers"``, the decoder self-attention cache (``(B, H, K * L, D)`` per layer
+        and tensor, contract in ``aiayn.models.attention``), and ``"ancestry"``, int32
+        ``(B * K, L)``: for each row (beam), which beam slot holds each position of its
+        hypothesis. Beam search re-ranks rows with :meth:`reorder_cache`, which moves only
+        the ancestry, never the keys and values.
+        """
+        return {"layers": self.decoder.init_cache(batch_size, max_length, beam_size),
+                "ancestry": ops.zeros((batch_size * beam_size, max_length), "int32")}
+
+    @staticmethod
+    def reorder_cache(cache, rows):
+        """Beam re-ranking: row ``r`` continues the hypothesis of row ``rows[r]`` (a
+        ``reorder_fn`` for :func:`aiayn.models.decoding.beam_search`)."""
+        return {"layers": cache["layers"], "ancestry": ops.take(cache["ancestry"], rows, axis=0)}
+
+    def decode_step(self, token_ids, cache, index, memory, beam_size=1):
+        """One cached decoder step for ``B * K`` rows (K = beam_size, beams adjacent).
 
         Args:
-          token_ids: int ``(B,)``, the tokens at position ``index``.
-          cache: from :meth:`init_cache` or the previous step.
+          token_ids: int ``(B * K,)``, the tokens at position ``index``.
+          cache: from :meth:`init_cache` (same ``beam_size``) or the previous step.
           index: int32 scalar position.
-          memory: from :meth:`encoder_memory` (rows matching ``token_ids``).
+          memory: from :meth:`encoder_memory`, one row per *sentence* (B rows, not B * K).
+          beam_size: K (Python int).
 
         Returns:
-          ``(logits float32 (B, vocabulary_size) for position index + 1, cache)``.
+          ``(logits float32 (B * K, vocabulary_size) for position index + 1, cache)``.
         """
-        x = self.embedding(token_ids[:, None], start_index=index, training=False)  # (B, 1, d)
-        x, cache = self.decoder.call_cached(x, cache, memory["cross"], index,
-                                            memory["encoder_padding_mask"])
-        return self._logits(x)[:, 0, :], cache
+        x = self.embedding(token_ids[:, None], start_index=index, training=False)  # (BK, 1, d)
+        if beam_size == 1:
+            x, layers = self.decoder.call_cached(x, cache["layers"], memory["cross"], index,
+                                                 memory["encoder_padding_mask"])
+            return self._logits(x)[:, 0, :], {"layers": layers, "ancestry": cache["ancestry"]}
+        # Row (b, j) writes slot j at `index`; its earlier positions keep their slots.
+        own_slot = ops.arange(ops.shape(token_ids)[0], dtype="int32") % beam_size  # (B*K,)
+        ancestry = update_at(cache["ancestry"], index, own_slot[:, None], axis=1)  # (B*K, L)
+        x = ops.reshape(x, (-1, beam_size, self.hidden_dim))  # (B, K, d): beams as queries
+        x, layers = self.decoder.call_cached(
+            x, cache["layers"], memory["cross"], index, memory["encoder_padding_mask"],
+            ancestry=ops.reshape(ancestry, (-1, beam_size, ops.shape(ancestry)[1])))
+        logits = self._logits(ops.reshape(x, (-1, 1, self.hidden_dim)))[:, 0, :]  # (B*K, V)
+        return logits, {"layers": layers, "ancestry": ancestry}
 
     def generate(self, encoder_token_ids, encoder_padding_mask, bos_id, eos_id, beam_size=4,
                  length_penalty=0.6, max_extra_length=50, n_best=1):
@@ -205,11 +231,9 @@ class Transformer(keras.Model):
         padding_mask = ops.cast(encoder_padding_mask, "bool")
         batch_size, source_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
         max_length = ops.minimum(source_length + max_extra_length, self.max_position)
+        # One row per sentence: the K beams of a sentence are K queries against it.
         memory = self.encoder_memory(self.encode(token_ids, padding_mask), padding_mask)
-        if beam_size > 1:  # (B, ...) -> (B * K, ...), the beams of a sentence adjacent
-            memory = keras.tree.map_structure(
-                lambda t: decoding.expand_to_beams(t, beam_size), memory)
-        cache = self.init_cache(batch_size * beam_size, max_length)
+        cache = self.init_cache(batch_size, max_length, beam_size)
         vocab = ops.arange(self.vocabulary_size, dtype="int32")
         banned = ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
             ops.equal(vocab, bos_id),
@@ -217,7 +241,7 @@ class Transformer(keras.Model):
 
         def step_fn(ids, cache, index):
             token = ops.take(ids, index, axis=1)  # (N,) the token at position `index`
-            logits, cache = self.decode_step(token, cache, index, memory)
+            logits, cache = self.decode_step(token, cache, index, memory, beam_size)
             return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
 
         if beam_size == 1:
@@ -225,7 +249,8 @@ class Transformer(keras.Model):
                                          self.pad_id, max_length, length_penalty)
             return {key: ops.expand_dims(value, 1) for key, value in out.items()}
         return decoding.beam_search(step_fn, cache, batch_size, bos_id, eos_id, self.pad_id,
-                                    beam_size, max_length, length_penalty, n_best)
+                                    beam_size, max_length, length_penalty, n_best,
+                                    reorder_fn=self.reorder_cache)
 
     def get_config(self):
         config = super().get_config()

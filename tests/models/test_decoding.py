@@ -133,6 +133,38 @@ def test_beam_one_equals_greedy_with_the_model_cache():
     np.testing.assert_allclose(beam["scores"][:, 0], greedy["scores"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_beam_ancestry_cache_equals_reordering_a_per_beam_cache(beam_size):
+    # Reference: one cache row per beam, memory repeated per beam, every cache tensor gathered
+    # on each re-ranking (the textbook method). The model's own path keeps one sentence-major
+    # cache that is never copied and moves only the ancestry table. Same search, same model:
+    # the hypotheses and scores must agree. eos_id = -1 never matches, so all K beams live to
+    # max_length; at step 1 every beam descends from beam 0 (the only live one at step 0), so
+    # rows are re-mapped from the first step on.
+    model = make_model(dropout=0.0)
+    features = make_batch(batch=3, src_len=7)
+    ids, mask = features["encoder_token_ids"], features["encoder_padding_mask"]
+    batch, max_length = 3, 9
+    memory = model.encoder_memory(model.encode(ids, mask), mask)
+    expanded = keras.tree.map_structure(
+        lambda t: decoding.expand_to_beams(t, beam_size), memory)
+
+    def reference_step(seq, cache, index):
+        return model.decode_step(ops.take(seq, index, axis=1), cache, index, expanded)
+
+    def ancestry_step(seq, cache, index):
+        return model.decode_step(ops.take(seq, index, axis=1), cache, index, memory, beam_size)
+
+    reference = _np(decoding.beam_search(
+        reference_step, model.init_cache(batch * beam_size, max_length), batch, BOS, -1, PAD,
+        beam_size, max_length, 0.6, n_best=beam_size))
+    ours = _np(decoding.beam_search(
+        ancestry_step, model.init_cache(batch, max_length, beam_size), batch, BOS, -1, PAD,
+        beam_size, max_length, 0.6, n_best=beam_size, reorder_fn=model.reorder_cache))
+    np.testing.assert_array_equal(ours["token_ids"], reference["token_ids"])
+    np.testing.assert_allclose(ours["scores"], reference["scores"], rtol=1e-5, atol=1e-6)
+
+
 def test_generate_contract_shapes_and_pad_after_eos():
     model = make_model()
     features = make_batch()
