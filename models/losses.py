@@ -56,9 +56,16 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
         # no gather of log-probabilities and its scatter gradient).
         nll = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)  # (B, T)
         # Cross-entropy with the uniform part of the smoothed target:
-        # -mean_v log p_v = logsumexp(logits) - mean_v logits.
-        smooth = ops.logsumexp(logits, axis=-1) - ops.mean(logits, axis=-1)  # (B, T)
-        losses = (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
+        # -mean_v log p_v = logsumexp(logits) - mean_v logits, and logsumexp(logits) =
+        # nll + logits[label]; so the smoothed loss (1 - eps) nll + eps (lse - mean) is
+        # nll + eps (logits[label] - mean). No second softmax pass over the vocabulary: the
+        # label logit is one gather from the flattened logits (its gradient a scatter).
+        vocab = ops.shape(logits)[-1]
+        flat_labels = ops.reshape(labels, (-1,))  # (B * T,)
+        rows = ops.arange(ops.shape(flat_labels)[0], dtype="int32")
+        picked = ops.take(ops.reshape(logits, (-1,)), rows * vocab + flat_labels)  # (B * T,)
+        picked = ops.reshape(picked, ops.shape(labels))  # (B, T)
+        losses = nll + self.label_smoothing * (picked - ops.mean(logits, axis=-1))
         return losses  # (B, T); padding is weighted 0 in __call__
 
     def get_config(self):

@@ -146,6 +146,13 @@ def test_loss_is_mean_over_real_tokens_with_label_smoothing():
     real = labels != 0
     np.testing.assert_allclose(float(acc.result()),
                                (logits.argmax(-1) == labels)[real].mean(), rtol=1e-6)
+    # The gradient is the smoothed-target softmax residual on real tokens, zero on padding.
+    variable = tf.Variable(logits)
+    with tf.GradientTape() as tape:
+        loss = MaskedLabelSmoothedCrossEntropy(eps, pad_id=0)(labels, variable)
+    target = (1 - eps) * np.eye(5)[labels] + eps / 5
+    expected_grad = (np.exp(logp) - target) * real[..., None] / real.sum()
+    np.testing.assert_allclose(tape.gradient(loss, variable).numpy(), expected_grad, atol=1e-6)
     for obj in (MaskedLabelSmoothedCrossEntropy(0.2, 3), MaskedAccuracy(5)):
         clone = obj.__class__.from_config(obj.get_config())
         assert clone.get_config() == obj.get_config()
