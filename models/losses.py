@@ -6,6 +6,41 @@ import keras
 from keras import ops
 
 
+def _smoothed_cross_entropy(labels, logits, eps):
+    """Per-row cross-entropy against ``(1 - eps) * one_hot(label) + eps / V``, with its gradient.
+
+    ``labels`` int32 ``(N,)``, ``logits`` float32 ``(N, V)`` -> ``(N,)``. The value is
+    ``logsumexp(z) - (1 - eps) * z[label] - eps * mean(z)`` and the gradient
+    ``softmax(z) - (1 - eps) * one_hot(label) - eps / V``, written out by hand: one exp pass
+    over the ``(N, V)`` logits shared by both (autodiff of the same formula, or TensorFlow's
+    sparse softmax kernel plus a separate smoothing term, made two to three passes more;
+    ``bench/train_step.py`` measures the whole step).
+    """
+    vocab = ops.shape(logits)[-1]
+
+    @ops.custom_gradient
+    def loss_fn(z):
+        peak = ops.max(z, axis=-1, keepdims=True)  # (N, 1), for a stable exp
+        exp = ops.exp(z - peak)  # (N, V)
+        total = ops.sum(exp, axis=-1, keepdims=True)  # (N, 1)
+        log_sum_exp = (peak + ops.log(total))[:, 0]  # (N,)
+        rows = ops.arange(ops.shape(labels)[0], dtype="int32")
+        label_logit = ops.take(ops.reshape(z, (-1,)), rows * vocab + labels)  # (N,)
+        value = log_sum_exp - (1.0 - eps) * label_logit - eps * ops.mean(z, axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:  # TensorFlow passes the upstream gradient positionally
+                (upstream,) = args
+            upstream = upstream[:, None]  # (N, 1)
+            target = (1.0 - eps) * ops.one_hot(labels, vocab, dtype=z.dtype)  # (N, V)
+            uniform = ops.cast(eps, z.dtype) / ops.cast(vocab, z.dtype)
+            return (exp / total - uniform - target) * upstream
+
+        return value, grad
+
+    return loss_fn(logits)
+
+
 @keras.saving.register_keras_serializable(package="aiayn")
 class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against ``(1 - eps) * one_hot + eps / V`` (§5.4, eps_ls = 0.1).
@@ -52,21 +87,10 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         labels = ops.cast(y_true, "int32")  # (B, T)
         logits = ops.cast(y_pred, "float32")  # (B, T, V)
-        # -log p(label): the fused sparse softmax cross-entropy kernel (no (B, T, V) one-hot,
-        # no gather of log-probabilities and its scatter gradient).
-        nll = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)  # (B, T)
-        # Cross-entropy with the uniform part of the smoothed target:
-        # -mean_v log p_v = logsumexp(logits) - mean_v logits, and logsumexp(logits) =
-        # nll + logits[label]; so the smoothed loss (1 - eps) nll + eps (lse - mean) is
-        # nll + eps (logits[label] - mean). No second softmax pass over the vocabulary: the
-        # label logit is one gather from the flattened logits (its gradient a scatter).
-        vocab = ops.shape(logits)[-1]
-        flat_labels = ops.reshape(labels, (-1,))  # (B * T,)
-        rows = ops.arange(ops.shape(flat_labels)[0], dtype="int32")
-        picked = ops.take(ops.reshape(logits, (-1,)), rows * vocab + flat_labels)  # (B * T,)
-        picked = ops.reshape(picked, ops.shape(labels))  # (B, T)
-        losses = nll + self.label_smoothing * (picked - ops.mean(logits, axis=-1))
-        return losses  # (B, T); padding is weighted 0 in __call__
+        vocab = logits.shape[-1] or ops.shape(logits)[-1]
+        losses = _smoothed_cross_entropy(ops.reshape(labels, (-1,)),
+                                         ops.reshape(logits, (-1, vocab)), self.label_smoothing)
+        return ops.reshape(losses, ops.shape(labels))  # (B, T); padding weighted 0 in __call__
 
     def get_config(self):
         config = super().get_config()
