@@ -7,7 +7,7 @@ parameter count). Both train with Adam and the paper's schedule on the same rand
 MFU = model training FLOPs/s (3 x forward matmul FLOPs, attention included) over the float32
 matmul rate measured in the same run. Prints a table, then one JSON line.
 
-    .venv/bin/python bench/train_step.py [--steps 3] [--base-steps 1] [--rounds 5]
+    .venv/bin/python bench/train_step.py [--steps 4] [--base-steps 1] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -198,9 +198,9 @@ def build(name, m, vocab, jit, policy=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="steps per timed block, small")
+    parser.add_argument("--steps", type=int, default=4, help="steps per timed block, small")
     parser.add_argument("--base-steps", type=int, default=1, help="steps per block, base")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed blocks")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timed blocks")
     args = parser.parse_args()
     peak = matmul_flops_per_s()
     shapes = {"small": (32, 32, 32), "base": (8, 32, 32)}  # batch, source, target length
