@@ -71,7 +71,6 @@ def main(argv=None) -> int:
                         help="override decode.max_extra_length (default: the preset's)")
     args = parser.parse_args(argv)
 
-    import numpy as np
     import tensorflow as tf
 
     from aiayn.export import saved_model as sm

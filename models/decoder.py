@@ -247,7 +247,7 @@ class TransformerDecoder(keras.layers.Layer):
             slots = ops.arange(beam_size, dtype="int32")[None, None, :, None]  # (1, 1, K, 1)
             written = ops.arange(max_length, dtype="int32") <= cache_index  # (L,)
             # Beam j may read slot (k, i) iff position i of its hypothesis was written by k.
-            own = ops.logical_and(ops.equal(ops.cast(ancestry, "int32")[:, :, None, :], slots),
+            own = ops.logical_and(ops.equal(ancestry[:, :, None, :], slots),
                                   written)  # (B, K, K, L)
             self_mask = ops.reshape(own, (-1, beam_size, beam_size * max_length))  # (B,K,K*L)
         new_cache = []
