@@ -227,7 +227,7 @@ class TransformerDecoder(keras.layers.Layer):
             one row per beam, all at position ``cache_index``.
           self_cache: from :meth:`init_cache` (or a previous step); cross_cache: from
             :meth:`cross_cache`; encoder_padding_mask: bool ``(B, S)`` or None.
-          ancestry: beam search only: int ``(B, K, L)``, for each beam the slot row (beam
+          ancestry: beam search only: int32 ``(B, K, L)``, for each beam the slot row (beam
             index) holding each position of its hypothesis, already including
             ``cache_index``; K (static) is the beam size. None: plain decoding.
 
