@@ -1,6 +1,6 @@
 """Input-pipeline benchmark: is training ever input-bound?
 
-Runs the training tf.data pipeline (``aiayn.pipeline.dataset.make_train_dataset``) on the default
+Runs the training tf.data pipeline (``aiayn.pipeline.data.dataset.make_train_dataset``) on the default
 corpus and prints examples/s, source and target tokens/s, padding efficiency and the number of
 distinct batch shapes; then measures how many target tokens/s training consumes (a random-weight
 Transformer of the preset, ``train_on_batch`` on the pipeline's most common batch shape) and
@@ -39,8 +39,8 @@ import tensorflow as tf  # noqa: E402
 
 from aiayn.models.tokenizer import SubwordTokenizer  # noqa: E402
 from aiayn.pipeline import config as config_lib  # noqa: E402
-from aiayn.pipeline.dataset import batch_statistics, make_train_dataset  # noqa: E402
-from aiayn.pipeline.vocab import train_vocab, vocab_path  # noqa: E402
+from aiayn.pipeline.data.dataset import batch_statistics, make_train_dataset  # noqa: E402
+from aiayn.pipeline.data.vocab import train_vocab, vocab_path  # noqa: E402
 
 
 def synthetic_corpus(path: Path, num_pairs: int, seed: int) -> None:

@@ -44,8 +44,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from aiayn.pipeline import callbacks as cb  # noqa: E402
-from aiayn.pipeline import distribute  # noqa: E402
+from aiayn.pipeline.training import callbacks as cb  # noqa: E402
+from aiayn.pipeline.training import distribute  # noqa: E402
 from aiayn.pipeline.config import load_config  # noqa: E402
 
 # ------------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def _corpus(cfg, work: Path):
             tgt = " ".join(rng.choice(words) for _ in range(int(n * 1.1)))
             f.write(f"{src}\t{tgt}\n")
     cfg = cfg.replace(data=dataclasses.replace(cfg.data, data_dir=str(work)))
-    from aiayn.pipeline.vocab import train_vocab
+    from aiayn.pipeline.data.vocab import train_vocab
 
     train_vocab(cfg)
     return cfg, "SYNTHETIC (no prepared corpus: run `make data vocab` for the real one)"
@@ -277,9 +277,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from aiayn.models.tokenizer import SubwordTokenizer
-    from aiayn.pipeline.dataset import make_train_dataset
-    from aiayn.pipeline.evaluate import build_model
-    from aiayn.pipeline.train import read_pairs, compile_model
+    from aiayn.pipeline.data.dataset import make_train_dataset
+    from aiayn.pipeline.training.artifacts import build_model
+    from aiayn.pipeline.data.corpus import read_tsv_pairs as read_pairs
+    from aiayn.pipeline.training.recipe import compile_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_train_"))
     cfg, corpus = _corpus(load_config([args.preset]), work)

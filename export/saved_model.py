@@ -50,6 +50,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from aiayn.export.fileio import atomic_write
+from aiayn.models.limits import source_limit
+
 SERVING_SIGNATURE = "serving_default"
 NBEST_SIGNATURE = "n_best"
 INPUT_KEY = "text"
@@ -117,19 +120,13 @@ class ServingOptions:
 
 
 def _input_limit(model: Any, options: ServingOptions) -> int:
-    """Tokens kept per input: the configured limit, capped so that positions stay in range."""
-    max_position = getattr(model, "max_position", None)
-    limit = options.max_input_tokens
-    if max_position:
-        # The decoder runs up to input + max_extra_length (+ BOS) positions.
-        limit = min(limit, int(max_position) - options.max_extra_length - 1)
-    if limit < 1:
-        raise ExportError(
-            f"`max_input_tokens`={options.max_input_tokens} leaves no room: the model has "
-            f"max_position={max_position} and decoding adds max_extra_length="
-            f"{options.max_extra_length}. Raise model.max_position or lower "
-            "decode.max_extra_length.")
-    return limit
+    """Tokens kept per input: :func:`aiayn.models.limits.source_limit`, the one limit."""
+    try:
+        return source_limit(options.max_input_tokens, getattr(model, "max_position", None) or
+                            options.max_input_tokens + options.max_extra_length + 1,
+                            options.max_extra_length)
+    except ValueError as err:
+        raise ExportError(str(err)) from None
 
 
 class Translator(tf.Module):
@@ -156,57 +153,26 @@ class Translator(tf.Module):
 
     # -- featurisation -------------------------------------------------------------------------
     def _encode(self, text: tf.Tensor):
-        """Text (batch,) -> encoder ids (batch, src_len), mask, empty (batch,), truncated."""
-        tok = self.tokenizer
-        # Invalid UTF-8 changes under a lenient transcode; reject it with a clear message rather
-        # than translating replacement characters.
-        repaired = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
-                                                replacement_char=0xFFFD)
-        valid = tf.equal(repaired, text)
-        check_utf8 = tf.debugging.Assert(
-            tf.reduce_all(valid),
-            ["Input `text` must be valid UTF-8. Invalid element(s) at batch index:",
-             tf.reshape(tf.where(tf.logical_not(valid)), [-1])],
-            name="check_utf8")
-        with tf.control_dependencies([check_utf8]):
-            text = tf.identity(text)
-        limit = self.input_limit
-        # The tokenizer's own source featuriser (shared with training and evaluation), asked for
-        # one token more than the limit so that over-long inputs can be told apart.
-        ids, mask = tok.featurize_source(text, limit + 1)  # (batch, src_len <= limit + 1)
-        ids = tf.cast(ids, tf.int32)
-        raw_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)  # (batch,)
-        truncated = raw_lengths > limit
+        """Text (batch,) -> the tokenizer's SourceFeatures, with the export's long-input rule."""
+        features = self.tokenizer.featurize_source(text, self.input_limit)
         if self.options.on_long_input == "reject":
+            limit = self.input_limit
             check_len = tf.debugging.assert_less_equal(
-                raw_lengths, tf.constant(limit, tf.int32),
+                features.lengths, tf.constant(limit, tf.int32),
                 message=(f"Input text is too long: the model accepts at most {limit} subword "
                          "tokens per sentence (export.max_input_tokens). Split the text into "
                          "sentences, or re-export with export.on_long_input=truncate. "
-                         f"Token counts per input (capped at {limit + 1}):"),
+                         "Token counts per input:"),
                 summarize=64, name="check_input_length")
             with tf.control_dependencies([check_len]):
-                ids = tf.identity(ids)
-        ids, mask = ids[:, :limit], mask[:, :limit]  # (batch, src_len <= limit)
-        # Empty or whitespace-only inputs get a lone EOS so that no row is all padding (attention
-        # over no keys); their output is replaced by "" afterwards.
-        empty = tf.logical_or(tf.equal(tf.strings.strip(text), ""),
-                              tf.equal(raw_lengths, 0))  # (batch,)
-        grow = tf.maximum(1 - tf.shape(ids)[1], 0)  # a width of at least one column
-        ids = tf.pad(ids, [[0, 0], [0, grow]], constant_values=tok.pad_id)  # (batch, src_len)
-        mask = tf.pad(mask, [[0, 0], [0, grow]], constant_values=False)
-        batch = tf.shape(text)[0]
-        first_id = tf.where(empty, tf.fill([batch], tf.constant(tok.eos_id, tf.int32)),
-                            ids[:, 0])
-        first_mask = tf.logical_or(empty, mask[:, 0])
-        ids = tf.concat([first_id[:, None], ids[:, 1:]], axis=1)  # (batch, src_len)
-        mask = tf.concat([first_mask[:, None], mask[:, 1:]], axis=1)  # (batch, src_len)
-        return ids, mask, empty, truncated
+                features = features._replace(token_ids=tf.identity(features.token_ids))
+        return features
 
     def _generate(self, text: tf.Tensor, n_best: int):
-        ids, mask, empty, truncated = self._encode(text)
+        features = self._encode(text)
+        empty, truncated = features.empty, features.truncated
         out = self.model.generate(
-            ids, mask, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
+            features.token_ids, features.padding_mask, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
             beam_size=self.options.beam_size, length_penalty=self.options.length_penalty,
             max_extra_length=self.options.max_extra_length, n_best=n_best)
         token_ids = tf.convert_to_tensor(out["token_ids"])  # (batch, n_best, out_len)
@@ -254,17 +220,6 @@ def latest_export(base_dir: str | os.PathLike, model_name: str) -> Path:
     return model_dir / str(versions[-1])
 
 
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def models_config_text(base_dir: str | os.PathLike, model_names: Iterable[str]) -> str:
     """``model_config_list`` text proto for ``tensorflow_model_server --model_config_file``."""
     base = Path(base_dir).resolve()
@@ -310,8 +265,8 @@ def write_server_configs(base_dir: str | os.PathLike, model_name: str,
     names = {p.name for p in base.iterdir() if p.is_dir() and list_versions(p)} | {model_name}
     config = base / MODELS_CONFIG
     batching = base / BATCHING_FILE
-    _atomic_write(config, models_config_text(base, names))
-    _atomic_write(batching, batching_parameters_text(max_batch_size))
+    atomic_write(config, models_config_text(base, names))
+    atomic_write(batching, batching_parameters_text(max_batch_size))
     return config, batching
 
 

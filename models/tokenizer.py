@@ -2,7 +2,7 @@
 
 :class:`SubwordTokenizer` wraps ``tensorflow_text.SentencepieceTokenizer``, whose op is linked into
 the stock ``tensorflow_model_server``. The serialized SentencePiece model (its vocabulary *and* its
-normaliser, ``nmt_nfkc`` as trained by ``aiayn.pipeline.vocab``) is carried inside the graph, so a
+normaliser, ``nmt_nfkc`` as trained by ``aiayn.pipeline.data.vocab``) is carried inside the graph, so a
 SavedModel that calls this object tokenises, NFKC-normalises and detokenises exactly as training
 did, with no file to ship beside it and no Python at serving time.
 
@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import NamedTuple, Union
 
 import sentencepiece as spm
 import tensorflow as tf
@@ -41,7 +41,7 @@ class SubwordTokenizer(tf.Module):
 
     Raises:
       ValueError: `model_proto` is empty or not a SentencePiece model, or the model lacks a pad,
-        BOS or EOS piece (train it with ``aiayn.pipeline.vocab.train_vocab``).
+        BOS or EOS piece (train it with ``aiayn.pipeline.data.vocab.train_vocab``).
     """
 
     def __init__(self, model_proto: bytes, name: str = "subword_tokenizer"):
@@ -175,27 +175,76 @@ class SubwordTokenizer(tf.Module):
         """
         return self._op.id_to_string(ids)
 
-    def featurize_source(self, strings: tf.Tensor,
-                         max_length: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """The one source featuriser for evaluation, translation and the exported signature.
+    def featurize_source(self, strings: tf.Tensor, limit: int) -> "SourceFeatures":
+        """THE source featuriser: text to encoder inputs, for every path that translates.
 
-        Tokenises, keeps the first `max_length` ids (no BOS/EOS on the source side) and pads with
-        `pad_id` to the longest row of the batch.
+        Evaluation, dev BLEU, checkpoint selection, ``translate --explain``, the exported
+        signature and the development server's length checks all call this, with the limit of
+        :func:`aiayn.models.limits.source_limit`, so the text the model sees cannot differ between them.
+
+        In order: the input must be valid UTF-8 (an in-graph assertion, INVALID_ARGUMENT
+        otherwise); it is tokenised (the model's own normaliser, no BOS/EOS on the source side);
+        the first `limit` ids are kept; rows are padded with `pad_id` to the longest row of the
+        batch (at least one column). An input with no tokens at all (empty, whitespace-only)
+        gets a lone EOS, so that no row is all padding (attention over no keys); its
+        translation is the empty string (``empty`` tells the caller).
 
         Args:
           strings: `tf.string` of shape `(batch_size,)`.
-          max_length: the longest source kept, in tokens.
+          limit: the most source tokens kept (:func:`aiayn.models.limits.source_limit`).
 
         Returns:
-          A tuple `(encoder_token_ids, encoder_padding_mask)`: int32 and bool, both of shape
-          `(batch_size, src_len)` with `src_len <= max_length`; the mask is True on real tokens.
+          :class:`SourceFeatures`: ``token_ids`` int32 and ``padding_mask`` bool, both
+          `(batch_size, src_len)` with `1 <= src_len <= limit`; ``lengths`` int32
+          `(batch_size,)`, the token count before truncation; ``truncated`` and ``empty`` bool
+          `(batch_size,)`.
 
         Raises:
-          ValueError: `max_length` is below 1.
+          ValueError: `limit` is below 1.
+          tf.errors.InvalidArgumentError: an input is not valid UTF-8 (at run time).
         """
-        if max_length < 1:
-            raise ValueError(f"`max_length` must be at least 1. Received: {max_length}.")
-        ids = self.tokenize(strings)[:, :max_length]  # (batch, (src_len))
-        token_ids = ids.to_tensor(default_value=self.pad_id)  # (batch, src_len)
-        mask = tf.sequence_mask(ids.row_lengths(), maxlen=tf.shape(token_ids)[1])
-        return token_ids, mask
+        if limit < 1:
+            raise ValueError(f"`limit` must be at least 1. Received: {limit}.")
+        strings = _checked_utf8(tf.convert_to_tensor(strings, dtype=tf.string))
+        pieces = self.tokenize(strings)  # (batch, (len)) int32
+        lengths = tf.cast(pieces.row_lengths(), tf.int32)  # (batch,)
+        kept = pieces[:, :limit]  # (batch, (len <= limit))
+        batch = tf.shape(strings)[0]
+        width = tf.maximum(tf.cast(tf.reduce_max(kept.row_lengths()), tf.int32), 1)
+        width = tf.where(batch > 0, width, 1)
+        token_ids = kept.to_tensor(default_value=self.pad_id,
+                                   shape=tf.stack([batch, width]))  # (batch, src_len)
+        padding_mask = tf.sequence_mask(kept.row_lengths(), maxlen=width)  # (batch, src_len)
+        empty = tf.equal(lengths, 0)  # (batch,)
+        # An empty row becomes a lone EOS (column 0): every row attends over at least one key.
+        first = tf.one_hot(tf.zeros_like(lengths), width, on_value=True, off_value=False,
+                           dtype=tf.bool)  # (batch, src_len): True at column 0
+        lone_eos = tf.logical_and(empty[:, None], first)  # (batch, src_len)
+        token_ids = tf.where(lone_eos, tf.constant(self.eos_id, tf.int32), token_ids)
+        padding_mask = tf.logical_or(padding_mask, lone_eos)
+        return SourceFeatures(token_ids=token_ids, padding_mask=padding_mask, lengths=lengths,
+                              truncated=lengths > limit, empty=empty)
+
+
+class SourceFeatures(NamedTuple):
+    """What :meth:`SubwordTokenizer.featurize_source` returns (shapes in its docstring)."""
+
+    token_ids: tf.Tensor
+    padding_mask: tf.Tensor
+    lengths: tf.Tensor
+    truncated: tf.Tensor
+    empty: tf.Tensor
+
+
+def _checked_utf8(strings: tf.Tensor) -> tf.Tensor:
+    """`strings` behind an assertion that each is valid UTF-8 (no silent replacement chars)."""
+    repaired = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace",
+                                            replacement_char=0xFFFD)
+    valid = tf.equal(repaired, strings)  # (batch,)
+    check = tf.debugging.Assert(
+        tf.reduce_all(valid),
+        ["Input `text` must be valid UTF-8. Invalid element(s) at batch index:",
+         tf.reshape(tf.where(tf.logical_not(valid)), [-1])],
+        name="check_utf8")
+    with tf.control_dependencies([check]):
+        return tf.identity(strings)

@@ -15,13 +15,17 @@ and ``--set section.key=value`` (repeatable). Library modules are imported lazil
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from aiayn.pipeline import config as config_lib
+from aiayn.pipeline.data import commands as data_commands
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.evaluation import commands as evaluation_commands
+from aiayn.pipeline.release import commands as release_commands
+from aiayn.pipeline.tfx import commands as tfx_commands
+from aiayn.pipeline.training import commands as training_commands
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -38,10 +42,6 @@ def _config(args: argparse.Namespace) -> config_lib.Config:
     return config_lib.load_config(args.preset or ["small"], args.overrides)
 
 
-def _call(module: str, function: str) -> Callable[..., Any]:
-    return getattr(importlib.import_module(f"aiayn.{module}"), function)
-
-
 def _print_result(result: Any) -> None:
     if result is None:
         return
@@ -51,41 +51,10 @@ def _print_result(result: Any) -> None:
         print(result)
 
 
-# Each entry: name -> (help, handler(args, cfg), extra-arguments adder or None, needs config).
-def _cmd_data(args, cfg):
-    return _call("pipeline.corpus", "prepare_data")(cfg)
-
-
-def _cmd_vocab(args, cfg):
-    return str(_call("pipeline.vocab", "train_vocab")(cfg))
-
-
-def _cmd_train(args, cfg):
-    return _call("pipeline.train", "train")(cfg)
-
-
-def _cmd_average(args, cfg):
-    return _call("pipeline.train", "average_checkpoints_for_run")(cfg)
-
-
-def _cmd_evaluate(args, cfg):
-    return _call("pipeline.evaluate", "evaluate_run")(cfg, split=args.split,
-                                                        weights=args.weights)
-
-
-def _args_evaluate(p):
-    p.add_argument("--split", default="dev", choices=["dev", "test"],
-                   help="Which prepared split to translate and score (default: dev).")
-    p.add_argument("--weights", default=None,
-                   help="A .weights.h5 file; default: the run's selected final weights.")
-
-
-def _cmd_export(args, cfg):
-    return str(_call("pipeline.publish", "export_run")(cfg))
-
-
 def _cmd_run(args, cfg):
-    return _call("pipeline.run", "run_all")(cfg, stages=args.stages)
+    from aiayn.pipeline.run import run_all
+
+    return run_all(cfg, stages=args.stages)
 
 
 def _args_run(p):
@@ -94,24 +63,15 @@ def _args_run(p):
                         "(default: data,vocab,train,evaluate,export).")
 
 
-COMMANDS: dict[str, tuple[str, Callable, Callable | None]] = {
-    "data": ("Build the parallel corpus: train/dev/test TSV and a data report.", _cmd_data, None),
-    "vocab": ("Train the joint SentencePiece vocabulary on the training split.", _cmd_vocab, None),
-    "train": ("Train the Transformer with model.fit (resumes after a crash).", _cmd_train, None),
-    "average": ("Average the last N checkpoints of the run.", _cmd_average, None),
-    "evaluate": ("Translate a split and score it with sacreBLEU (BLEU, chrF).", _cmd_evaluate,
-                 _args_evaluate),
-    "export": ("Write the serving SavedModel (versioned, atomic) for TF Serving.", _cmd_export,
-               None),
+RUN_COMMANDS = {
     "run": ("Run the whole job: data, vocab, train, evaluate, export.", _cmd_run, _args_run),
 }
 
-# Modules that contribute commands: each has a `COMMANDS` table of the same shape as the one
-# above (name -> (help, handler(args, cfg), add-arguments or None)).
-EXTRA_COMMAND_MODULES: tuple[str, ...] = (
-    "pipeline.serving_commands",
-    "pipeline.tfx_commands",
-)
+# Each stage's commands, in the order the data flows (name -> (help, handler(args, cfg),
+# add-arguments or None)). The modules import the library lazily inside their handlers.
+STAGE_COMMANDS = (data_commands.COMMANDS, training_commands.COMMANDS,
+                  evaluation_commands.COMMANDS, release_commands.COMMANDS, tfx_commands.COMMANDS,
+                  RUN_COMMANDS)
 
 
 def _add_commands(sub, commands) -> None:
@@ -130,10 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "Keras 3 / TensorFlow.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    _add_commands(sub, COMMANDS)
-    for module in EXTRA_COMMAND_MODULES:
-        _add_commands(sub, _call(module, "COMMANDS"))
+    for commands in STAGE_COMMANDS:
+        _add_commands(sub, commands)
     return parser
+
+
+def _os_error_text(err: OSError) -> str:
+    where = f" {err.filename}" if err.filename else ""
+    fix = {IsADirectoryError: " (a directory was given where a file is expected)",
+           NotADirectoryError: " (a file was given where a directory is expected)",
+           PermissionError: " (check the permissions, or choose another path)",
+           FileNotFoundError: " (check the path)"}.get(type(err), "")
+    return f"{err.strerror or err}:{where}{fix}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except UserInputError as err:
         print(f"aiayn {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an unreadable, missing or unwritable path the user gave
+        print(f"aiayn {args.command}: error: {_os_error_text(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"aiayn {args.command}: interrupted.", file=sys.stderr)

@@ -25,13 +25,15 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from aiayn.models.limits import source_limit as _model_source_limit
+from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 
-class ConfigError(ValueError):
-    """A configuration file, preset or override is invalid."""
+class ConfigError(UserInputError):
+    """A configuration file, preset or override is invalid (a user-input error)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,13 +389,37 @@ def validate(cfg: Config) -> None:
             f"`decode.n_best` ({cfg.decode.n_best}) cannot exceed `decode.beam_size` "
             f"({cfg.decode.beam_size})."
         )
+    source_limit(cfg)
+
+
+def source_limit(cfg: Config) -> int:
+    """The most source tokens any path feeds the encoder (training excepted, which drops).
+
+    Evaluation, dev BLEU, checkpoint choice, ``translate --explain``, the export and the
+    development server all truncate (or, for the export, reject) at this one limit:
+    ``export.max_input_tokens``, capped so that decoding stays inside ``model.max_position``
+    (:func:`aiayn.models.limits.source_limit`).
+
+    Raises:
+      ConfigError: the settings leave no room for a source token.
+    """
+    try:
+        return _model_source_limit(cfg.export.max_input_tokens, cfg.model.max_position,
+                                   cfg.decode.max_extra_length)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def config_text(cfg: Config) -> str:
+    """The resolved config as YAML (what :func:`read_config` reads back)."""
+    return (f"# Resolved configuration (preset: {cfg.preset or 'none'}).\n"
+            + yaml.safe_dump({"preset": cfg.preset, **cfg.to_dict()}, sort_keys=False,
+                             allow_unicode=True))
 
 
 def write_config(cfg: Config, path: str | os.PathLike) -> Path:
     """Writes the resolved config as YAML atomically (temporary file, then rename)."""
-    text = (f"# Resolved configuration (preset: {cfg.preset or 'none'}).\n"
-            + yaml.safe_dump({"preset": cfg.preset, **cfg.to_dict()}, sort_keys=False))
-    return atomic_write(path, text)
+    return atomic_write(path, config_text(cfg))
 
 
 def read_config(path: str | os.PathLike) -> Config:

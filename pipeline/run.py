@@ -61,22 +61,22 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
         stage_start = time.time()
         _banner(f"{name} ({cfg.preset or 'default'} preset)")
         if name == "data":
-            from aiayn.pipeline import corpus
-            summary["data"] = corpus.prepare_data(cfg)
+            from aiayn.pipeline.data.corpus import prepare_data
+            summary["data"] = prepare_data(cfg)
         elif name == "vocab":
-            from aiayn.pipeline import vocab
-            summary["vocab"] = str(vocab.train_vocab(cfg))
+            from aiayn.pipeline.data.vocab import train_vocab
+            summary["vocab"] = str(train_vocab(cfg))
         elif name == "train":
-            from aiayn.pipeline import train
-            summary["train"] = train.train(cfg)
+            from aiayn.pipeline.training.train import train
+            summary["train"] = train(cfg)
             summary["curves"] = _plot_curves(run_dir)
         elif name == "evaluate":
-            from aiayn.pipeline import evaluate
-            summary["dev"] = evaluate.evaluate_run(cfg, split="dev")
-            summary["test"] = evaluate.evaluate_run(cfg, split="test")
+            from aiayn.pipeline.evaluation.evaluate import evaluate_run
+            summary["dev"] = evaluate_run(cfg, split="dev")
+            summary["test"] = evaluate_run(cfg, split="test")
         elif name == "export":
-            from aiayn.pipeline import publish
-            summary["export"] = str(publish.export_run(cfg))
+            from aiayn.pipeline.release.export_run import export_run
+            summary["export"] = str(export_run(cfg))
         summary.setdefault("stage_seconds", {})[name] = round(time.time() - stage_start, 1)
         print(f"--- {name} done in {time.time() - stage_start:.0f} s", flush=True)
 
@@ -89,8 +89,8 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
 def _plot_curves(run_dir: Path) -> str | None:
     """`<run_dir>/curves.png` from the run's own logs; a missing plotting extra is reported."""
     try:
-        from aiayn.pipeline import explain
-        return str(explain.plot_training_curves(run_dir))
+        from aiayn.pipeline.evaluation.explain import plot_training_curves
+        return str(plot_training_curves(run_dir))
     except ImportError as err:  # matplotlib is in the `plot`/`dev` extras, not a hard dependency
         print(f"(curves.png skipped: {err}; install the `plot` extra)")
     except UserInputError as err:

@@ -6,7 +6,7 @@ Fixtures (session-scoped, built once):
   toy_pairs        list of (english, spanish) pairs, incl. CJK (我爱你) and full-width forms.
   toy_data_dir     a data dir holding train.tsv / dev.tsv / test.tsv of `toy_pairs`.
   toy_config       the `tiny` preset pointed at `toy_data_dir` (vocab_size 200, a soft limit).
-  spm_model_path   `<toy_data_dir>/spm.model`, trained with `aiayn.pipeline.vocab.train_vocab`.
+  spm_model_path   `<toy_data_dir>/spm.model`, trained with `aiayn.pipeline.data.vocab.train_vocab`.
   toy_tokenizer    an `aiayn.models.tokenizer.SubwordTokenizer` of that model.
 """
 
@@ -79,7 +79,7 @@ def toy_config(toy_data_dir):
 
 @pytest.fixture(scope="session")
 def spm_model_path(toy_config):
-    from aiayn.pipeline.vocab import train_vocab
+    from aiayn.pipeline.data.vocab import train_vocab
 
     return train_vocab(toy_config)
 

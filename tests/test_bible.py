@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from aiayn.pipeline import bible
+from aiayn.pipeline.data import bible
 
 
 # --- OSIS clean-up -----------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_align_books_report_counts_add_up():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mod2imp") is None, reason="mod2imp (libsword-utils) missing")
 def test_real_bible_pipeline(tmp_path):
-    from aiayn.pipeline import corpus
+    from aiayn.pipeline.data import corpus
     from aiayn.pipeline.config import load_config
 
     cfg = load_config(["tiny"], [f"data.data_dir={tmp_path}"])

@@ -10,8 +10,10 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from aiayn.pipeline import callbacks as cb  # noqa: E402
-from aiayn.pipeline.train import average_weight_files  # noqa: E402
+from aiayn.pipeline.training import callbacks as cb  # noqa: E402
+from aiayn.pipeline.training import checkpoints  # noqa: E402
+from aiayn.pipeline.training import artifacts  # noqa: E402
+from aiayn.pipeline.training.averaging import average_weight_files  # noqa: E402
 
 
 def _dense_model(seed: int = 0) -> keras.Model:
@@ -43,7 +45,7 @@ def test_average_weight_files_is_the_mean_of_known_weights(tmp_path):
     for i, value in enumerate((1.0, 2.0, 6.0)):
         model.get_layer("dense").set_weights([np.full((3, 2), value, "float32"),
                                               np.arange(2, dtype="float32") * value])
-        paths.append(cb.save_model_weights(model, tmp_path / f"ckpt-{i}.weights.h5"))
+        paths.append(artifacts.save_model_weights(model, tmp_path / f"ckpt-{i}.weights.h5"))
     model.get_layer("dense").set_weights([np.zeros((3, 2), "float32"), np.zeros(2, "float32")])
     average_weight_files(model, paths)
     kernel, bias = model.get_layer("dense").get_weights()
@@ -58,21 +60,21 @@ def test_model_weight_files_skip_the_optimizer_and_load_into_an_uncompiled_model
 
     model = _dense_model()
     _fit(model, 2, [])
-    path = cb.save_model_weights(model, tmp_path / "m.weights.h5")
+    path = artifacts.save_model_weights(model, tmp_path / "m.weights.h5")
     with h5py.File(path) as f:
         assert "optimizer" not in f
     fresh = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense"),
                               keras.layers.Dropout(0.1, name="dropout")])
-    cb.load_model_weights(fresh, path)
+    artifacts.load_model_weights(fresh, path)
     np.testing.assert_array_equal(fresh.get_layer("dense").get_weights()[0],
                                   model.get_layer("dense").get_weights()[0])
 
 
 def test_step_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
     model = _dense_model()
-    _fit(model, 12, [cb.Budget(max_steps=9), cb.StepCheckpoints(tmp_path, every=2, keep=3)],
+    _fit(model, 12, [cb.Budget(max_steps=9), checkpoints.StepCheckpoints(tmp_path, every=2, keep=3)],
          steps_per_epoch=4)
-    steps = [s for s, _ in cb.list_checkpoints(tmp_path)]
+    steps = [s for s, _ in artifacts.list_checkpoints(tmp_path)]
     # 2, 4, 6, 8 and the final 9; the last three are kept.
     assert steps == [6, 8, 9]
 
@@ -143,7 +145,7 @@ def test_dev_evaluator_scores_tracks_the_best_and_stops_early(tmp_path):
     assert evaluator.best_step == 4 and evaluator.best_bleu == pytest.approx(100.0)
     best = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense"),
                              keras.layers.Dropout(0.1, name="dropout")])
-    cb.load_model_weights(best, tmp_path / "best.weights.h5")
+    artifacts.load_model_weights(best, tmp_path / "best.weights.h5")
     np.testing.assert_array_equal(best.get_layer("dense").get_weights()[0], snapshot.kernels[4])
     rows = {r["step"]: r for r in json.loads((tmp_path / "history.json").read_text())["rows"]}
     assert rows[4]["dev_bleu"] == pytest.approx(100.0) and "dev_chrf" in rows[4]
@@ -198,11 +200,11 @@ def test_target_tokens_counts_real_tokens_and_progress_reports_tokens_per_second
 
 
 def test_restored_epoch_reads_the_backup_and_falls_back_to_the_previous_one(tmp_path):
-    assert cb.restored_epoch(tmp_path) == 0
+    assert checkpoints.restored_epoch(tmp_path) == 0
     (tmp_path / "latest.weights.h5").write_bytes(b"x")
     (tmp_path / "training_metadata.json").write_text('{"epoch": 3, "batch": 0}')
-    assert cb.restored_epoch(tmp_path) == 3
+    assert checkpoints.restored_epoch(tmp_path) == 3
     (tmp_path / "training_metadata.json").write_text("{corrupt")
     (tmp_path / "latest.weights.h5.bkp").write_bytes(b"x")
     (tmp_path / "training_metadata.json.bkp").write_text('{"epoch": 2, "batch": 0}')
-    assert cb.restored_epoch(tmp_path) == 2
+    assert checkpoints.restored_epoch(tmp_path) == 2

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from aiayn.pipeline import corpus
+from aiayn.pipeline.data import corpus
 from aiayn.pipeline.config import load_config
-from aiayn.pipeline.corpus import CorpusError, Drops
+from aiayn.pipeline.data.corpus import CorpusError, Drops
 
 
 def _cfg(tmp_path, **data):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aiayn.pipeline import dataset as dataset_lib
-from aiayn.pipeline.dataset import (FEATURE_KEYS, batch_by_token_budget, batch_statistics,
+from aiayn.pipeline.data import dataset as dataset_lib
+from aiayn.pipeline.data.dataset import (FEATURE_KEYS, batch_by_token_budget, batch_statistics,
                                     effective_boundaries, make_eval_dataset, make_source_batches,
                                     make_train_dataset)
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from aiayn.pipeline.config import DecodeConfig  # noqa: E402
-from aiayn.pipeline.evaluate import score, translate_sentences  # noqa: E402
+from aiayn.export.saved_model import ServingOptions, Translator  # noqa: E402
+from aiayn.pipeline.training.validation import score, translate_sentences  # noqa: E402
 
 
 class CopyModel:
@@ -34,17 +32,15 @@ def test_translate_sentences_returns_strings_in_input_order(toy_tokenizer):
     sentences = ["Jesus wept.", "In the beginning God created the heavens and the earth.",
                  "I love you.", "", "The Lord is my shepherd; I shall not want."]
     model = CopyModel(toy_tokenizer.pad_id)
-    decode = DecodeConfig(beam_size=2, n_best=1, batch_size=2)
-    out, scores = translate_sentences(model, toy_tokenizer, sentences, decode,
-                                      return_scores=True)
+    translator = Translator(model, toy_tokenizer, ServingOptions(beam_size=2, n_best=1))
+    out, scores = translate_sentences(translator, sentences, batch_size=2, return_scores=True)
     expected = [s.decode() for s in toy_tokenizer.detokenize(
         toy_tokenizer.tokenize(tf.constant(sentences))).numpy()]
     assert out == expected
     assert out[0] == "Jesus wept." and out[3] == ""
     lengths = toy_tokenizer.tokenize(tf.constant(sentences)).row_lengths().numpy()
     np.testing.assert_allclose(scores, -lengths)
-    # Sorted by length into batches of 2: the last batch holds the longest sentence alone.
-    assert translate_sentences(model, toy_tokenizer, [], decode) == []
+    assert translate_sentences(translator, [], batch_size=2) == []
 
 
 def test_score_reports_bleu_chrf_and_signatures():
@@ -60,7 +56,7 @@ def test_score_reports_bleu_chrf_and_signatures():
 
 def test_evaluate_run_needs_weights(toy_config, tmp_path):
     from aiayn.pipeline.errors import UserInputError
-    from aiayn.pipeline.evaluate import evaluate_run
+    from aiayn.pipeline.evaluation.evaluate import evaluate_run
 
     cfg = toy_config.replace(train=toy_config.train.__class__(run_dir=str(tmp_path)))
     with pytest.raises(UserInputError, match="final.weights.h5 not found"):

@@ -1,4 +1,4 @@
-"""Attention maps, the positional-encoding plot and training curves (aiayn.pipeline.explain)."""
+"""Attention maps, the positional-encoding plot and training curves (aiayn.pipeline.evaluation.explain)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ TARGETS = ["Te amo.", "En el principio creó Dios los cielos y la tierra."]
 def tiny_model(toy_config, toy_tokenizer):
     # No keras.utils.set_random_seed: seeding after the tokenizer exists destroys its
     # SentencePiece resource (conftest). Random weights are enough: every check is structural.
-    from aiayn.pipeline.publish import build_model
+    from aiayn.pipeline.training.artifacts import build_model
 
     return build_model(toy_config, toy_tokenizer)
 
@@ -41,7 +41,7 @@ def _outputs(tokenizer, texts):
 
 
 def test_attention_maps_shapes_and_masking(tiny_model, toy_tokenizer, toy_config):
-    from aiayn.pipeline.explain import attention_maps
+    from aiayn.pipeline.evaluation.explain import attention_maps
 
     outputs = _outputs(toy_tokenizer, TARGETS)
     maps = attention_maps(tiny_model, toy_tokenizer, SOURCES, outputs)
@@ -84,7 +84,7 @@ def test_teacher_forcing_reproduces_the_greedy_decode(tiny_model, toy_tokenizer,
     produced tokens are again the argmax at every row (greedy search)."""
     import tensorflow as tf
 
-    from aiayn.pipeline.explain import explain_translation
+    from aiayn.pipeline.evaluation.explain import explain_translation
 
     data = explain_translation(tiny_model, toy_tokenizer, SOURCES[0], tmp_path / "g.png",
                                beam_size=1, max_extra_length=6)
@@ -102,7 +102,7 @@ def test_teacher_forcing_reproduces_the_greedy_decode(tiny_model, toy_tokenizer,
 
 
 def test_explain_translation_writes_images(tiny_model, toy_tokenizer, toy_config, tmp_path):
-    from aiayn.pipeline.explain import explain_translation
+    from aiayn.pipeline.evaluation.explain import explain_translation
 
     out = tmp_path / "att.png"
     data = explain_translation(tiny_model, toy_tokenizer, SOURCES[1], out, beam_size=2,
@@ -128,7 +128,7 @@ def test_explain_translation_writes_images(tiny_model, toy_tokenizer, toy_config
 
 
 def test_explain_translation_rejects_bad_input(tiny_model, toy_tokenizer, tmp_path):
-    from aiayn.pipeline.explain import explain_translation
+    from aiayn.pipeline.evaluation.explain import explain_translation
 
     with pytest.raises(UserInputError, match=r"Layer 5 does not exist: the model has 2 layers"):
         explain_translation(tiny_model, toy_tokenizer, "Jesus wept.", tmp_path / "x.png", layer=5)
@@ -141,7 +141,7 @@ def test_positional_encoding_plot_data_is_the_sine_table(tmp_path):
     import keras
 
     from aiayn.models.embedding import sinusoidal_table
-    from aiayn.pipeline.explain import plot_positional_encoding
+    from aiayn.pipeline.evaluation.explain import plot_positional_encoding
 
     data = plot_positional_encoding(tmp_path / "pe.png", length=40, dim=16, dpi=40)
     np.testing.assert_array_equal(data["table"],
@@ -170,7 +170,7 @@ def _history_rows():
 
 
 def test_training_curves_from_history_json(tmp_path):
-    from aiayn.pipeline.explain import history_series, plot_training_curves, read_history
+    from aiayn.pipeline.evaluation.explain import history_series, plot_training_curves, read_history
 
     (tmp_path / "history.json").write_text(json.dumps({"rows": _history_rows()}))
     series = history_series(read_history(tmp_path))
@@ -183,7 +183,7 @@ def test_training_curves_from_history_json(tmp_path):
 
 
 def test_training_curves_from_csv_with_missing_series(tmp_path):
-    from aiayn.pipeline.explain import history_series, plot_training_curves, read_history
+    from aiayn.pipeline.evaluation.explain import history_series, plot_training_curves, read_history
 
     rows = [{k: v for k, v in r.items() if not k.startswith("dev_")} for r in _history_rows()]
     rows[3]["loss"] = "nan"  # a diverged step or an empty cell is skipped, not plotted
@@ -199,7 +199,7 @@ def test_training_curves_from_csv_with_missing_series(tmp_path):
 
 
 def test_training_curves_without_history_is_a_clear_error(tmp_path):
-    from aiayn.pipeline.explain import plot_training_curves
+    from aiayn.pipeline.evaluation.explain import plot_training_curves
 
     with pytest.raises(UserInputError, match="No training history"):
         plot_training_curves(tmp_path)

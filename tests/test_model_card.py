@@ -1,4 +1,4 @@
-"""The model card (aiayn.pipeline.model_card) and its place in every export."""
+"""The model card (aiayn.pipeline.release.model_card) and its place in every export."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def run_cfg(toy_config, tmp_path):
 
 def _eval_report(split):
     """A report as `aiayn evaluate` writes it, with real sacreBLEU scores and signatures."""
-    from aiayn.pipeline.evaluate import score
+    from aiayn.pipeline.training.validation import score
 
     return {"split": split, "sentences": len(HYPOTHESES), **score(HYPOTHESES, REFERENCES),
             "samples": [{"source": "s", "reference": "r", "hypothesis": "h"}]}
@@ -53,7 +53,7 @@ def _data_report():
 
 
 def test_card_contains_the_evaluation_scores_and_signatures(run_cfg):
-    from aiayn.pipeline.model_card import write_model_card
+    from aiayn.pipeline.release.model_card import write_model_card
 
     run_dir = run_cfg.train.run_dir
     reports = {split: _eval_report(split) for split in ("dev", "test")}
@@ -73,7 +73,7 @@ def test_card_contains_the_evaluation_scores_and_signatures(run_cfg):
 
 
 def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_path):
-    from aiayn.pipeline.model_card import write_model_card
+    from aiayn.pipeline.release.model_card import write_model_card
 
     (tmp_path / "data" / "data_report.json").write_text(json.dumps(_data_report()))
     state = {"status": "complete", "summary": {
@@ -99,7 +99,7 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
 
 
 def test_card_without_any_run_files_says_what_is_missing(run_cfg):
-    from aiayn.pipeline.model_card import write_model_card
+    from aiayn.pipeline.release.model_card import write_model_card
 
     cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(run_cfg.data, corpus="tsv"))
     card = write_model_card(cfg)
@@ -110,8 +110,9 @@ def test_card_without_any_run_files_says_what_is_missing(run_cfg):
 
 def test_every_export_carries_its_card(run_cfg, toy_tokenizer, tmp_path):
     """`publish.write_card` is what `export_model` runs before verification and publication."""
-    from aiayn.pipeline.model_card import read_export_card
-    from aiayn.pipeline.publish import build_model, write_card
+    from aiayn.pipeline.release.model_card import read_export_card
+    from aiayn.pipeline.release.export_run import write_card
+    from aiayn.pipeline.training.artifacts import build_model
 
     model = build_model(run_cfg, toy_tokenizer)
     tmp_version = tmp_path / "exports" / "translate" / ".tmp-3-abcd1234"

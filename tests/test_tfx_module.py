@@ -15,13 +15,13 @@ import pytest
 
 from aiayn.pipeline.config import ConfigError, load_config
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.tfx_module import config_from_custom_config
+from aiayn.pipeline.tfx.trainer import config_from_custom_config
 
 SPLIT_FILE = "data_tfrecord-00000-of-00001.gz"  # ExampleGen's output file name
 
 
 def _example_gen_output(root: Path, pairs_by_split: dict) -> Path:
-    from aiayn.pipeline.tfx_data import write_tfrecord
+    from aiayn.pipeline.tfx.examples import write_tfrecord
 
     for split, pairs in pairs_by_split.items():
         write_tfrecord(root / f"Split-{split}" / SPLIT_FILE, pairs)
@@ -49,8 +49,8 @@ def test_custom_config_errors_name_the_problem():
 def test_tfx_data_writes_example_gen_input(tmp_path, toy_pairs):
     import tensorflow as tf
 
-    from aiayn.pipeline.corpus import read_tfrecord
-    from aiayn.pipeline.tfx_data import INPUT_SPLITS, write_example_gen_input
+    from aiayn.pipeline.data.corpus import read_tfrecord
+    from aiayn.pipeline.tfx.examples import INPUT_SPLITS, write_example_gen_input
 
     tsv = tmp_path / "corpus.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in toy_pairs), encoding="utf-8")
@@ -85,7 +85,7 @@ def test_cli_registers_the_tfx_commands():
     parser = build_parser()
     args = parser.parse_args(["tfx-run", "--preset", "tiny", "--beam-arg=--direct_num_workers=1",
                               "--beam-arg", "--runner=DirectRunner --foo=1"])
-    from aiayn.pipeline.tfx_commands import _beam_args
+    from aiayn.pipeline.tfx.commands import _beam_args
 
     assert _beam_args(args.beam_args) == ["--direct_num_workers=1", "--runner=DirectRunner",
                                           "--foo=1"]
@@ -97,7 +97,7 @@ def test_cli_registers_the_tfx_commands():
 def test_run_fn_trains_on_example_gen_splits_and_writes_the_serving_model(tmp_path, toy_pairs):
     from aiayn.export.saved_model import SERVING_SIGNATURE
     from aiayn.export.verify import verify_export
-    from aiayn.pipeline.tfx_module import run_fn
+    from aiayn.pipeline.tfx.trainer import run_fn
 
     examples = _example_gen_output(tmp_path / "ImportExampleGen" / "examples" / "1",
                                    {"train": toy_pairs, "eval": toy_pairs[:6]})
@@ -144,7 +144,7 @@ def test_run_fn_trains_on_example_gen_splits_and_writes_the_serving_model(tmp_pa
 
 
 def test_run_fn_reports_empty_splits(tmp_path):
-    from aiayn.pipeline.tfx_module import run_fn
+    from aiayn.pipeline.tfx.trainer import run_fn
 
     examples = _example_gen_output(tmp_path, {"train": [("a b", "c d")]})
     fn_args = types.SimpleNamespace(

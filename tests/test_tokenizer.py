@@ -84,14 +84,51 @@ def test_detokenize_dense_stops_at_first_eos_or_pad(toy_tokenizer):
         toy_tokenizer.detokenize(tf.constant([1, 2, 3]))
 
 
-def test_featurize_source_truncates_and_masks(toy_tokenizer):
-    ids, mask = toy_tokenizer.featurize_source(
-        tf.constant(["In the beginning God created the heavens and the earth.", "我爱你"]), 5)
-    assert ids.dtype == tf.int32 and mask.dtype == tf.bool
-    assert ids.shape[0] == 2 and ids.shape[1] <= 5
-    np.testing.assert_array_equal(mask.numpy(), ids.numpy() != toy_tokenizer.pad_id)
-    with pytest.raises(ValueError, match="max_length"):
+def test_featurize_source_truncates_pads_and_marks_empty_rows(toy_tokenizer):
+    long = "In the beginning God created the heavens and the earth."
+    texts = [long, "我爱你", "", "   "]
+    pieces = toy_tokenizer.tokenize(tf.constant(texts)).to_list()
+    f = toy_tokenizer.featurize_source(tf.constant(texts), 5)
+    assert f.token_ids.dtype == tf.int32 and f.padding_mask.dtype == tf.bool
+    width = min(5, max(len(p) for p in pieces))
+    assert f.token_ids.shape == (4, width)
+    np.testing.assert_array_equal(f.lengths.numpy(), [len(p) for p in pieces])
+    np.testing.assert_array_equal(f.truncated.numpy(), [len(p) > 5 for p in pieces])
+    np.testing.assert_array_equal(f.empty.numpy(), [False, False, True, True])
+    ids, mask = f.token_ids.numpy(), f.padding_mask.numpy()
+    # Ordinary rows: the first `limit` ids, then pad; the mask is True exactly on real tokens.
+    for row, p in enumerate(pieces[:2]):
+        kept = p[:5]
+        assert ids[row, :len(kept)].tolist() == kept
+        assert (ids[row, len(kept):] == toy_tokenizer.pad_id).all()
+        assert mask[row].tolist() == [i < len(kept) for i in range(width)]
+    # Empty rows: a lone EOS, so that no row attends over no keys.
+    for row in (2, 3):
+        assert ids[row, 0] == toy_tokenizer.eos_id and mask[row].tolist() == [True] + [False] * (
+            width - 1)
+    with pytest.raises(ValueError, match="limit"):
         toy_tokenizer.featurize_source(tf.constant(["x"]), 0)
+
+
+def test_featurize_source_all_empty_and_zero_batch(toy_tokenizer):
+    f = toy_tokenizer.featurize_source(tf.constant([""]), 8)
+    assert f.token_ids.numpy().tolist() == [[toy_tokenizer.eos_id]]
+    none = toy_tokenizer.featurize_source(tf.constant([], tf.string), 8)
+    assert none.token_ids.shape == (0, 1) and none.padding_mask.shape == (0, 1)
+
+
+def test_featurize_source_rejects_invalid_utf8(toy_tokenizer):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="valid UTF-8"):
+        toy_tokenizer.featurize_source(tf.constant([b"ok", b"\xff\xfe"]), 8)
+
+
+def test_source_limit_caps_at_the_position_table():
+    from aiayn.models.limits import source_limit
+
+    assert source_limit(256, 1024, 50) == 256
+    assert source_limit(256, 200, 50) == 149  # 149 + 50 + BOS = 200 positions
+    with pytest.raises(ValueError, match="max_position=40.*max_extra_length=50"):
+        source_limit(256, 40, 50)
 
 
 def test_from_file_errors(tmp_path):

@@ -10,8 +10,9 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from aiayn.pipeline import callbacks as cb  # noqa: E402
-from aiayn.pipeline import train as train_lib  # noqa: E402
+from aiayn.pipeline.training import callbacks as cb  # noqa: E402
+from aiayn.pipeline.training import artifacts  # noqa: E402
+from aiayn.pipeline.training import train as train_lib  # noqa: E402
 from aiayn.pipeline.config import load_config  # noqa: E402
 
 
@@ -89,7 +90,7 @@ def test_tiny_run_trains_and_writes_the_run_directory(tiny_run):
                  "final.weights.h5", "best.weights.h5", "train_state.json"):
         assert (run_dir / name).exists(), name
     assert not list(run_dir.glob("backup*")), "the backup is removed once the run is complete"
-    assert [s for s, _ in cb.list_checkpoints(run_dir / "checkpoints")] == [10, 15, 20]
+    assert [s for s, _ in artifacts.list_checkpoints(run_dir / "checkpoints")] == [10, 15, 20]
     rows = json.loads((run_dir / "history.json").read_text())["rows"]
     steps = [r["step"] for r in rows]
     assert steps == sorted(steps) and steps[-1] == 20
@@ -114,11 +115,11 @@ def test_tiny_run_chooses_final_weights_between_last_and_average(tiny_run):
     assert chosen in report["candidates"]
     assert summary["dev_bleu"] == report["candidates"][chosen]["bleu"]
     # final.weights.h5 holds exactly the chosen candidate.
-    from aiayn.pipeline.evaluate import build_model, load_tokenizer
+    from aiayn.pipeline.training.artifacts import build_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg)
     final, chosen_model = build_model(cfg, tokenizer), build_model(cfg, tokenizer)
-    cb.load_model_weights(final, run_dir / "final.weights.h5")
+    artifacts.load_model_weights(final, run_dir / "final.weights.h5")
     train_lib.average_weight_files(chosen_model, report["candidates"][chosen]["files"])
     for a, b in zip(final.weights, chosen_model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -134,7 +135,7 @@ def test_average_command_and_evaluate_on_the_tiny_run(tiny_run):
     cfg, _ = tiny_run
     from pathlib import Path
 
-    from aiayn.pipeline.evaluate import evaluate_run
+    from aiayn.pipeline.evaluation.evaluate import evaluate_run
 
     report = train_lib.average_checkpoints_for_run(cfg)
     assert report["chosen"] in report["candidates"]

@@ -29,8 +29,9 @@ TRAIN_SCRIPT = r'''
 import os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from aiayn.pipeline.config import load_config
-from aiayn.pipeline import callbacks as cb
-from aiayn.pipeline.train import train
+from aiayn.pipeline.training import callbacks as cb
+from aiayn.pipeline.training import artifacts  # noqa: E402
+from aiayn.pipeline.training.train import train
 import keras
 
 run_dir, overrides = sys.argv[1], sys.argv[2:]
@@ -44,7 +45,7 @@ class Slow(keras.callbacks.Callback):
 
 class SaveMine(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
-        cb.save_model_weights(self.model, os.path.join(run_dir, f"worker{index}.weights.h5"))
+        artifacts.save_model_weights(self.model, os.path.join(run_dir, f"worker{index}.weights.h5"))
 
 summary = train(cfg, extra_callbacks=[Slow(), SaveMine()])
 print("SUMMARY " + __import__("json").dumps({"steps": summary["steps"]}), flush=True)

@@ -8,7 +8,7 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from aiayn.pipeline.config import load_config
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.vocab import train_vocab, vocab_path
+from aiayn.pipeline.data.vocab import train_vocab, vocab_path
 
 
 def _config(data_dir, *overrides):

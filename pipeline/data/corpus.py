@@ -8,7 +8,7 @@ are how the later stages find and read them.
 Corpora (``data.corpus``, format from ``data.format`` or guessed):
 
 - ``bible``: the default English->Spanish corpus built from Debian's SWORD modules
-  (:mod:`aiayn.pipeline.bible`), split by whole books.
+  (:mod:`aiayn.pipeline.data.bible`), split by whole books.
 - TSV: ``source<TAB>target`` per line.
 - Line-aligned text files: a prefix (``data/train`` -> ``data/train.en`` + ``data/train.es``,
   from ``data.source_lang`` / ``data.target_lang``) or two paths joined by a comma.
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.fileio import atomic_output
 
 SPLITS = ("train", "dev", "test")
 REPORT_NAME = "data_report.json"
@@ -407,19 +408,8 @@ def split_path(cfg, split: str) -> Path:
 
 
 def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            write(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        write(f)
 
 
 def write_tsv(path: Path, pairs: Iterable[Pair]) -> None:
@@ -465,7 +455,7 @@ def _stamp(cfg) -> str:
         "files": [_input_fingerprint(s) for s in (d.corpus, d.dev_corpus, d.test_corpus)],
     }
     if d.corpus == "bible":
-        from aiayn.pipeline import bible
+        from aiayn.pipeline.data import bible
         inputs["packages"] = bible.package_versions()
     blob = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -541,7 +531,7 @@ def _user_splits(cfg) -> tuple[dict[str, list[Pair]], dict[str, Drops], dict]:
 
 
 def _bible_splits(cfg) -> tuple[dict[str, list[Pair]], dict[str, Drops], dict, dict]:
-    from aiayn.pipeline import bible
+    from aiayn.pipeline.data import bible
 
     corpus = bible.build_bible_corpus(seed=cfg.data.seed)
     drops = {s: Drops("skip") for s in SPLITS}  # our own data: checks drop and count

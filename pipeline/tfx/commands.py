@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 
 def _cmd_tfx_data(args: argparse.Namespace, cfg) -> dict[str, Any]:
-    from aiayn.pipeline.tfx_data import write_example_gen_input
+    from aiayn.pipeline.tfx.examples import write_example_gen_input
 
     return write_example_gen_input(cfg, args.out, fmt=args.format)
 
@@ -51,7 +51,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_tfx_run(args: argparse.Namespace, cfg) -> dict[str, Any]:
-    from aiayn.pipeline.tfx_runners import run_local
+    from aiayn.pipeline.tfx.runners import run_local
 
     return run_local(cfg, examples_dir=args.examples, input_format=args.format,
                      tfx_dir=args.tfx_dir, push_dir=args.push_dir,
@@ -59,7 +59,7 @@ def _cmd_tfx_run(args: argparse.Namespace, cfg) -> dict[str, Any]:
 
 
 def _args_tfx_run(p: argparse.ArgumentParser) -> None:
-    from aiayn.pipeline.tfx_runners import DEFAULT_TFX_DIR
+    from aiayn.pipeline.tfx.runners import DEFAULT_TFX_DIR
 
     p.add_argument("--examples", default=None,
                    help="ExampleGen input directory (default <data.data_dir>/tfx_examples).")
@@ -72,7 +72,7 @@ def _args_tfx_run(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_tfx_compile(args: argparse.Namespace, cfg) -> dict[str, Any]:
-    from aiayn.pipeline.tfx_runners import compile_kubeflow_v2
+    from aiayn.pipeline.tfx.runners import compile_kubeflow_v2
 
     return compile_kubeflow_v2(cfg, args.output, pipeline_root=args.pipeline_root,
                                examples_dir=args.examples, push_dir=args.push_dir,

@@ -21,27 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
-
 from aiayn.export import saved_model as sm
-from aiayn.export.verify import verify_export
-from aiayn.pipeline.config import Config
+from aiayn.export.verify import VerificationError, verify_export
+from aiayn.pipeline.config import Config, config_text
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.evaluate import build_model, load_tokenizer  # one builder for every stage
+from aiayn.pipeline.release.model_card import export_card_path, write_model_card
+from aiayn.pipeline.training.artifacts import RunFiles, load_trained_model
 
-log = logging.getLogger("aiayn.pipeline.publish")
-FINAL_WEIGHTS = "final.weights.h5"
-
-
-def config_yaml(cfg: Config) -> str:
-    return (f"# Resolved configuration (preset: {cfg.preset or 'none'}).\n"
-            + yaml.safe_dump({"preset": cfg.preset, **cfg.to_dict()}, sort_keys=False,
-                             allow_unicode=True))
+log = logging.getLogger(__name__)
 
 
 def _eval_scores(cfg: Config) -> dict[str, Any] | None:
     """Scores written by `aiayn evaluate` (``<run_dir>/eval/<split>.json``), if any."""
-    eval_dir = Path(cfg.train.run_dir) / "eval"
+    eval_dir = RunFiles.of(cfg).eval_dir
     scores = {}
     for path in sorted(eval_dir.glob("*.json")):
         try:
@@ -70,7 +62,7 @@ def export_model(cfg: Config, model: Any, tokenizer: Any, verify: bool = True,
 
     path = sm.export_saved_model(
         model, tokenizer, cfg.export.base_dir, cfg.export.model_name, options=options,
-        version=cfg.export.version, config_yaml=config_yaml(cfg), eval_scores=eval_scores,
+        version=cfg.export.version, config_yaml=config_text(cfg), eval_scores=eval_scores,
         bucket_boundaries=cfg.data.bucket_boundaries, before_publish=before_publish)
     return path
 
@@ -79,8 +71,6 @@ def write_card(cfg: Config, model: Any, tokenizer: Any, export_dir: Path,
                eval_scores: dict[str, Any] | None = None) -> Path:
     """Writes ``<export_dir>/assets.extra/model_card.md`` (the export's temporary dir is named
     ``.tmp-<version>-<id>``, so the card can name the version it will be published as)."""
-    from aiayn.pipeline.model_card import export_card_path, write_model_card
-
     match = re.match(r"^\.tmp-(\d+)-", export_dir.name) or re.match(r"^(\d+)$", export_dir.name)
     path = export_card_path(export_dir)
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
@@ -107,21 +97,20 @@ def export_run(cfg: Config, weights: str | None = None, verify: bool = True) -> 
       UserInputError: no weights or vocabulary yet, a version that exists, a bad option.
       aiayn.export.verify.VerificationError: the export failed verification (nothing published).
     """
-    weights_path = Path(weights) if weights else Path(cfg.train.run_dir) / FINAL_WEIGHTS
-    if not weights_path.exists():
-        raise UserInputError(f"Weights not found: {weights_path}. Train first (`aiayn train`), "
-                             "or pass a .weights.h5 file.")
-    tokenizer = load_tokenizer(cfg)
-    model = build_model(cfg, tokenizer, dtype="float32")  # portable: served on any CPU
-    try:
-        model.load_weights(str(weights_path))
+    try:  # float32: portable, served on any CPU
+        model, tokenizer, _ = load_trained_model(cfg, weights, dtype="float32")
     except ValueError as err:
-        raise UserInputError(f"{weights_path} does not match model config {cfg.model}: {err}. "
-                             "Export with the run's own preset/overrides.") from err
+        if isinstance(err, UserInputError):
+            raise
+        raise UserInputError(f"The weights do not match the model config {cfg.model}: {err}. "
+                             "Export with the run's own preset and --set overrides.") from err
     try:
         path = export_model(cfg, model, tokenizer, verify=verify, eval_scores=_eval_scores(cfg))
     except sm.ExportError as err:
         raise UserInputError(str(err)) from err
+    except VerificationError as err:
+        raise UserInputError(f"The export failed verification and was not published: {err}"
+                             ) from err
     base = Path(cfg.export.base_dir)
     print(f"Exported {path}\nServe it with:\n  "
           + " ".join(shlex.quote(a) for a in sm.model_server_command(base)))

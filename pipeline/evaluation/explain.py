@@ -47,9 +47,10 @@ def attention_maps(model: Any, tokenizer: Any, sources: Sequence[str],
     Args:
       model: a built ``aiayn.models.transformer.Transformer``.
       tokenizer: its ``SubwordTokenizer`` (special ids are read from it).
-      sources: ``B`` source sentences, featurised with ``tokenizer.featurize_source``.
+      sources: ``B`` source sentences, featurised with ``tokenizer.featurize_source`` (the
+        one source featuriser; an empty source is a lone EOS, as in serving).
       outputs: ``B`` lists of produced token ids (no BOS; EOS last where it was produced).
-      max_length: sources are truncated to this many subwords (as in translation).
+      max_length: the source limit (``aiayn.pipeline.config.source_limit(cfg)``).
 
     Returns:
       dict with numpy arrays: ``encoder_self`` / ``decoder_self`` / ``cross``: lists over layers
@@ -71,12 +72,8 @@ def attention_maps(model: Any, tokenizer: Any, sources: Sequence[str],
     rows = [[int(t) for t in out] for out in outputs]
     if any(not r for r in rows):
         raise ValueError("Every output needs at least one token (EOS counts).")
-    enc_ids, enc_mask = tokenizer.featurize_source(tf.constant(list(sources), tf.string),
-                                                   max_length)
-    enc_ids, enc_mask = enc_ids.numpy(), enc_mask.numpy()
-    if enc_ids.shape[1] == 0:  # every source empty: one padded column keeps shapes valid
-        enc_ids = np.full((len(rows), 1), tokenizer.pad_id, np.int32)
-        enc_mask = np.zeros((len(rows), 1), bool)
+    features = tokenizer.featurize_source(tf.constant(list(sources), tf.string), max_length)
+    enc_ids, enc_mask = features.token_ids.numpy(), features.padding_mask.numpy()
     width = max(len(r) for r in rows)
     dec_ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)  # (B, T)
     out_ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)  # (B, T)
@@ -133,7 +130,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
         maps); negative counts from the end (default: the last).
       beam_size, length_penalty, max_extra_length: decode settings for ``model.generate``
         (``beam_size=1`` is greedy).
-      max_length: the source is truncated to this many subwords.
+      max_length: the source limit (``aiayn.pipeline.config.source_limit(cfg)``).
       self_attention: also plot the encoder and decoder self-attention of ``layer``.
       dpi: image resolution; the size in pixels is ``image_size``.
 
@@ -156,9 +153,10 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     """
     import tensorflow as tf
 
-    ids, mask = tokenizer.featurize_source(tf.constant([sentence], tf.string), max_length)
-    if int(ids.shape[1]) == 0:
+    features = tokenizer.featurize_source(tf.constant([sentence], tf.string), max_length)
+    if bool(features.empty.numpy()[0]):
         raise UserInputError(f"Nothing to explain: {sentence!r} has no subwords.")
+    ids, mask = features.token_ids, features.padding_mask
     layer = _resolve_layer(layer, int(model.num_layers))
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32),
@@ -404,7 +402,7 @@ def plot_training_curves(run_dir: str | Path, out_png: str | Path | None = None,
     """Writes ``<run_dir>/curves.png``: loss (training, dev), dev BLEU/chrF, learning rate.
 
     Reads the run's own log (``history.json``, else ``history.csv``, as written by
-    ``aiayn.pipeline.callbacks.RunHistory``); a series the run did not record (e.g. dev loss, or
+    ``aiayn.pipeline.training.callbacks.RunHistory``); a series the run did not record (e.g. dev loss, or
     dev BLEU when ``train.eval_every`` is 0) gets a "not recorded" panel instead of an error.
 
     Args:

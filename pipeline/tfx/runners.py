@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.tfx_data import default_examples_dir
-from aiayn.pipeline.tfx_pipeline import PIPELINE_NAME, create_pipeline
+from aiayn.pipeline.tfx.examples import default_examples_dir
+from aiayn.pipeline.tfx.definition import PIPELINE_NAME, create_pipeline
 
 DEFAULT_TFX_DIR = "runs/tfx"
 
@@ -187,6 +187,6 @@ def compile_kubeflow_v2(cfg: Config, output_path: str | os.PathLike, *, pipeline
 def _trainer_run_fn(spec: dict[str, Any]) -> str | None:
     """The ``run_fn`` the compiled Trainer step references (None if not found)."""
     text = json.dumps(spec)
-    from aiayn.pipeline.tfx_module import RUN_FN
+    from aiayn.pipeline.tfx.trainer import RUN_FN
 
     return RUN_FN if RUN_FN in text else None

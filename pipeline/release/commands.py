@@ -1,11 +1,13 @@
-"""`aiayn serve`, `translate`, `verify` (thin commands over aiayn.export) and the explain plots.
+"""`aiayn export`, `serve`, `translate`, `verify`, `model-card`: the release stage's commands.
 
     aiayn serve     --preset small                 # TF Serving if installed, else Docker, else dev
     aiayn translate --preset small "I love you."   # local export (latest version)
     echo "I love you." | aiayn translate --server http://127.0.0.1:8501
     aiayn verify    --preset small [--export exports/translate/3]
     aiayn translate --preset small --explain attention.png "I love you."   # attention maps
-    aiayn plot-positional-encoding pe.png;  aiayn plot-curves;  aiayn model-card [--export DIR]
+    aiayn model-card [--export DIR]
+
+Handlers import the library lazily so that ``aiayn --help`` answers without loading TensorFlow.
 """
 
 from __future__ import annotations
@@ -168,16 +170,11 @@ def _explain(args: argparse.Namespace, cfg, texts: list[str]) -> None:
     if args.server:
         raise UserInputError("--explain needs the model's weights and runs locally; drop "
                              "--server (the serving signatures return no attention weights).")
-    from aiayn.pipeline.explain import explain_translation
-    from aiayn.pipeline.publish import FINAL_WEIGHTS, build_model, load_tokenizer
+    from aiayn.pipeline.config import source_limit
+    from aiayn.pipeline.evaluation.explain import explain_translation
+    from aiayn.pipeline.training.artifacts import load_trained_model
 
-    weights = Path(args.weights or Path(cfg.train.run_dir) / FINAL_WEIGHTS)
-    if not weights.exists():
-        raise UserInputError(f"Weights not found: {weights}. Train first (`aiayn train`) or pass "
-                             "--weights with a .weights.h5 file of this run.")
-    tokenizer = load_tokenizer(cfg)
-    model = build_model(cfg, tokenizer, dtype="float32")
-    model.load_weights(str(weights))
+    model, tokenizer, _ = load_trained_model(cfg, args.weights)
     out = Path(args.explain)
     for i, text in enumerate(texts):
         path = out if i == 0 else out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.png'}")
@@ -185,41 +182,15 @@ def _explain(args: argparse.Namespace, cfg, texts: list[str]) -> None:
             model, tokenizer, text, path, layer=args.layer, beam_size=cfg.decode.beam_size,
             length_penalty=cfg.decode.length_penalty,
             max_extra_length=cfg.decode.max_extra_length,
-            max_length=cfg.export.max_input_tokens, self_attention=args.self_attention)
+            max_length=source_limit(cfg), self_attention=args.self_attention)
         print(data["translation"])
         for kind, written in data["paths"].items():
             print(f"  {kind} attention (layer {data['layer']}): {written}", file=sys.stderr)
     return None
 
 
-def _cmd_plot_positional_encoding(args: argparse.Namespace, cfg) -> None:
-    from aiayn.pipeline.explain import plot_positional_encoding
-
-    data = plot_positional_encoding(args.out, length=args.length,
-                                    dim=args.dim or cfg.model.hidden_dim)
-    print(data["path"])
-
-
-def _args_plot_positional_encoding(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out", metavar="OUT.png", help="Where to write the figure.")
-    p.add_argument("--length", type=int, default=128, help="Positions shown (default 128).")
-    p.add_argument("--dim", type=int, default=0,
-                   help="d_model (default: model.hidden_dim of the preset).")
-
-
-def _cmd_plot_curves(args: argparse.Namespace, cfg) -> None:
-    from aiayn.pipeline.explain import plot_training_curves
-
-    print(plot_training_curves(args.run_dir or cfg.train.run_dir, args.output))
-
-
-def _args_plot_curves(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", default=None, help="Run directory (default train.run_dir).")
-    p.add_argument("--output", default=None, help="Default: <run_dir>/curves.png.")
-
-
 def _cmd_model_card(args: argparse.Namespace, cfg) -> None:
-    from aiayn.pipeline import model_card
+    from aiayn.pipeline.release import model_card
 
     if args.export:
         text = model_card.read_export_card(args.export)
@@ -234,7 +205,7 @@ def _cmd_model_card(args: argparse.Namespace, cfg) -> None:
 
 def _latest_card(cfg) -> str | None:
     from aiayn.export.saved_model import ExportError, latest_export
-    from aiayn.pipeline.model_card import export_card_path
+    from aiayn.pipeline.release.model_card import export_card_path
 
     try:
         path = export_card_path(latest_export(cfg.export.base_dir, cfg.export.model_name))
@@ -277,18 +248,21 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
                         "export.base_dir/export.model_name.")
 
 
-COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
+def _cmd_export(args: argparse.Namespace, cfg) -> str:
+    from aiayn.pipeline.release.export_run import export_run
+
+    return str(export_run(cfg))
+
+
+COMMANDS: dict[str, tuple[str, Callable, Callable | None]] = {
+    "export": ("Write the serving SavedModel (versioned, atomic, verified) for TF Serving.",
+               _cmd_export, None),
     "serve": ("Serve the export: tensorflow_model_server, Docker tensorflow/serving, or the "
               "development server (REST 8501, gRPC 8500).", _cmd_serve, _args_serve),
     "translate": ("Translate text from arguments or stdin with a local export or a server.",
                   _cmd_translate, _args_translate),
     "verify": ("Check an export in a fresh process: stock ops only, signatures, outputs.",
                _cmd_verify, _args_verify),
-    "plot-positional-encoding": ("Plot the sinusoidal positional encoding (§3.5) and the "
-                                 "dot-product similarity between positions.",
-                                 _cmd_plot_positional_encoding, _args_plot_positional_encoding),
-    "plot-curves": ("Plot the run's training curves (loss, dev BLEU, learning rate) to "
-                    "<run_dir>/curves.png.", _cmd_plot_curves, _args_plot_curves),
     "model-card": ("Print the model card (data, training, scores, limits) of an export.",
                    _cmd_model_card, _args_model_card),
 }

@@ -5,7 +5,7 @@
     print(read_export_card("exports/translate/3"))   # assets.extra/model_card.md of an export
 
 Every export carries its card in ``assets.extra/model_card.md`` (written by
-``aiayn.pipeline.publish.export_model`` before verification and publication); ``aiayn
+``aiayn.pipeline.release.export_run.export_model`` before verification and publication); ``aiayn
 model-card`` prints it. Sources, all optional (a missing one is stated as such in the card):
 
     <data_dir>/data_report.json     corpus, split counts and sha256, package versions, drops

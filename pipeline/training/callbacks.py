@@ -1,16 +1,14 @@
-"""Training callbacks: step checkpoints, resumable backup, dev BLEU, budgets, progress, history.
+"""Training callbacks: dev BLEU, budgets, progress, history; the target-token metric.
 
 Steps are optimizer updates (``optimizer.iterations``), which differ from ``model.fit`` batches
 when gradients are accumulated; every callback here counts optimizer updates, so `train.steps`,
 `checkpoint_every` and `eval_every` mean the paper's training steps.
 
-Files written in the run directory (by the chief worker only):
-
-    checkpoints/ckpt-<step>.weights.h5   model weights every N steps, the last K kept
-    best.weights.h5                      the weights with the best dev BLEU so far
-    backup/                              keras BackupAndRestore state (+ RNG and clock state)
-    history.json, history.csv            one row per logged step / dev evaluation
-    tensorboard/                         loss, learning rate, tokens/s, dev BLEU and chrF
+Files written in the run directory (by the chief worker only; names in
+:class:`~aiayn.pipeline.training.artifacts.RunFiles`): ``best.weights.h5`` (best dev BLEU so far),
+``history.json``/``.csv`` (one row per logged step / dev evaluation), ``tensorboard/`` (loss,
+learning rate, tokens/s, dev BLEU and chrF). Step checkpoints and the resumable backup are in
+:mod:`~aiayn.pipeline.training.checkpoints`.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ import json
 import logging
 import math
 import os
-import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -31,12 +27,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from aiayn.pipeline.fileio import atomic_write
+from aiayn.pipeline.fileio import atomic_output, atomic_write
+from aiayn.pipeline.training.artifacts import save_model_weights
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-
 
 # --------------------------------------------------------------------------------------------
 # Small helpers
@@ -52,53 +46,6 @@ def current_learning_rate(model: keras.Model) -> float:
     inner = getattr(opt, "inner_optimizer", opt)
     lr = inner.learning_rate
     return float(keras.ops.convert_to_numpy(lr))
-
-
-def save_model_weights(model: keras.Model, path: str | os.PathLike) -> Path:
-    """Writes the model's weights (no optimizer state) atomically to a ``.weights.h5`` file.
-
-    The optimizer's slots would triple the file; evaluation, averaging and export need only the
-    model. ``keras.src.saving.saving_lib`` is the one Keras entry point that can skip them.
-    """
-    from keras.src.saving import saving_lib
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".weights.h5")
-    os.close(fd)
-    try:
-        skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
-        saving_lib.save_weights_only(model, tmp, objects_to_skip=skip)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def load_model_weights(model: keras.Model, path: str | os.PathLike) -> None:
-    """Loads a file written by :func:`save_model_weights` (optimizer state left untouched)."""
-    from keras.src.saving import saving_lib
-
-    skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
-    saving_lib.load_weights_only(model, str(path), objects_to_skip=skip)
-
-
-def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(step, path)`` of ``ckpt-<step>.weights.h5`` files, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = []
-    for p in directory.iterdir():
-        m = CHECKPOINT_PATTERN.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, text)
 
 
 def tensorboard_available() -> bool:
@@ -186,120 +133,16 @@ class RunHistory:
     def save(self) -> None:
         if not self.write:
             return
-        _atomic_write_text(self.run_dir / "history.json",
+        atomic_write(self.run_dir / "history.json",
                            json.dumps({"rows": self.rows}, indent=1))
         columns = ["step"]
         for row in self.rows:
             columns += [k for k in row if k not in columns]
-        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".history.csv.", suffix=".tmp")
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+        with atomic_output(self.run_dir / "history.csv") as tmp, \
+                open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(self.rows)
-        os.replace(tmp, self.run_dir / "history.csv")
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints
-
-
-class StepCheckpoints(keras.callbacks.Callback):
-    """Saves the model weights every ``every`` optimizer steps, keeping the newest ``keep``.
-
-    Files: ``<directory>/ckpt-<step:08d>.weights.h5`` (model only; see
-    :func:`save_model_weights`), written atomically. Also saves at the end of training so the
-    final step is always a checkpoint.
-    """
-
-    def __init__(self, directory: str | os.PathLike, every: int, keep: int,
-                 write: bool = True):
-        super().__init__()
-        self.directory = Path(directory)
-        self.every = max(1, int(every))
-        self.keep = max(1, int(keep))
-        self.write = write
-        self._last_saved = -1
-
-    def _save(self, step: int) -> None:
-        if step == self._last_saved or step <= 0:
-            return
-        self._last_saved = step
-        if not self.write:
-            return
-        save_model_weights(self.model, self.directory / f"ckpt-{step:08d}.weights.h5")
-        for _, old in list_checkpoints(self.directory)[:-self.keep]:
-            old.unlink(missing_ok=True)
-
-    def on_train_begin(self, logs=None):
-        self._last_saved = current_step(self.model)
-
-    def on_train_batch_end(self, batch, logs=None):
-        step = current_step(self.model)
-        if step % self.every == 0:
-            self._save(step)
-
-    def on_train_end(self, logs=None):
-        self._save(current_step(self.model))
-
-
-def _seed_generator_states(model: keras.Model) -> list:
-    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
-
-
-class ResumableBackup(keras.callbacks.BackupAndRestore):
-    """``keras.callbacks.BackupAndRestore`` plus what exact resumption also needs.
-
-    Keras backs up the model and optimizer (so the schedule step, ``optimizer.iterations``) at
-    each epoch end and restores the epoch. This subclass also keeps the dropout RNG state (Keras
-    seed generators are not part of ``save_weights``) and the training clock (seconds trained
-    so far, for the time budget). It does not back up an epoch cut short by a stop request
-    (time budget, NaN, early stopping): that state is not an epoch boundary. The data position
-    is restored by the caller, which skips the batches already consumed (see
-    :func:`restored_epoch`).
-    """
-
-    def __init__(self, backup_dir: str | os.PathLike, clock: "TrainingClock | None" = None):
-        super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=True,
-                         delete_checkpoint=False)
-        self.clock = clock
-        self._extra_path = Path(backup_dir) / "extra_state.npz"
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        if self._extra_path.exists() and Path(self._weights_path).exists():
-            with np.load(self._extra_path) as data:
-                states = _seed_generator_states(self.model)
-                if int(data["num_rng"]) == len(states):
-                    for i, v in enumerate(states):
-                        v.assign(data[f"rng_{i}"])
-                if self.clock is not None:
-                    self.clock.restore(float(data["elapsed_s"]))
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.model.stop_training:
-            return
-        super().on_epoch_end(epoch, logs)
-        arrays = {f"rng_{i}": keras.ops.convert_to_numpy(v)
-                  for i, v in enumerate(_seed_generator_states(self.model))}
-        arrays["num_rng"] = np.array(len(arrays))
-        arrays["elapsed_s"] = np.array(self.clock.elapsed() if self.clock else 0.0)
-        fd, tmp = tempfile.mkstemp(dir=self.backup_dir, prefix=".extra.", suffix=".npz")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, self._extra_path)
-
-
-def restored_epoch(backup_dir: str | os.PathLike) -> int:
-    """The epoch that ``BackupAndRestore`` will resume from (0 without a backup)."""
-    meta = Path(backup_dir) / "training_metadata.json"
-    weights = Path(backup_dir) / "latest.weights.h5"
-    for m, w in ((meta, weights), (Path(f"{meta}.bkp"), Path(f"{weights}.bkp"))):
-        if m.exists() and w.exists():
-            try:
-                return int(json.loads(m.read_text())["epoch"])
-            except (ValueError, KeyError):
-                continue
-    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,7 +338,7 @@ class DevEvaluator(keras.callbacks.Callback):
 
     Args:
       translate_fn: ``translate_fn(sources) -> list[str]`` with the current model (for training:
-        :func:`aiayn.pipeline.evaluate.translate_sentences` with the decode config).
+        :func:`aiayn.pipeline.evaluation.evaluate.translate_sentences` with the decode config).
       sources, references: the dev pairs (already limited to ``eval_max_sentences``).
       every: evaluate when the optimizer step is a multiple of this (0 = never during training).
       best_path: where the best weights are written (``None``: not written).
@@ -588,7 +431,7 @@ class DevEvaluator(keras.callbacks.Callback):
                 tf.summary.scalar("dev_chrf", result["chrf"])
             self.writer.flush()
         if self.state_path is not None and self.write:
-            _atomic_write_text(self.state_path, json.dumps(
+            atomic_write(self.state_path, json.dumps(
                 {"results": self.results, "best_bleu": self.best_bleu,
                  "best_step": self.best_step}, indent=1))
         self.stream.write(

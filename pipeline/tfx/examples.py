@@ -1,7 +1,7 @@
 """Corpus -> TFX ExampleGen input: ``tf.Example`` records with ``source`` / ``target`` bytes.
 
 Any corpus the project reads (``data.corpus``: the default Bible corpus, TSV, aligned text
-files, TFRecord, TFDS) is first prepared as usual (:func:`aiayn.pipeline.corpus.prepare_data`:
+files, TFRecord, TFDS) is first prepared as usual (:func:`aiayn.pipeline.data.corpus.prepare_data`:
 normalised, validated, split), then its splits are written as ExampleGen input::
 
     <out_dir>/train/data.tfrecord.gz     the training split
@@ -24,9 +24,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from aiayn.pipeline import corpus
+from aiayn.pipeline.data import corpus
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.fileio import atomic_output
 
 SOURCE_KEY, TARGET_KEY = "source", "target"
 # ExampleGen split name -> the project's prepared split it comes from.
@@ -55,31 +56,23 @@ def write_tfrecord(path: str | os.PathLike, pairs: Iterable[tuple[str, str]]) ->
     """Writes pairs as GZIP TFRecord ``tf.Example``s (what ExampleGen itself writes); a count."""
     import tensorflow as tf
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     n = 0
-    with tf.io.TFRecordWriter(str(tmp), options="GZIP") as writer:
+    with atomic_output(path) as tmp, tf.io.TFRecordWriter(str(tmp), options="GZIP") as writer:
         for source, target in pairs:
             writer.write(make_example(source, target).SerializeToString())
             n += 1
-    os.replace(tmp, path)
     return n
 
 
 def write_csv(path: str | os.PathLike, pairs: Iterable[tuple[str, str]]) -> int:
     """Writes pairs as a two-column CSV with a ``source,target`` header (CsvExampleGen)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     n = 0
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, quoting=csv.QUOTE_ALL)  # quoted: a side such as "7" stays text
         writer.writerow([SOURCE_KEY, TARGET_KEY])
         for source, target in pairs:
             writer.writerow([source, target])
             n += 1
-    os.replace(tmp, path)
     return n
 
 

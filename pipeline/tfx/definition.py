@@ -7,7 +7,7 @@ Trainer -> Pusher. Pure: it builds the pipeline object and runs nothing (runners
   (the project's train and dev splits: no re-splitting by hash).
 - StatisticsGen / SchemaGen / ExampleValidator (TensorFlow Data Validation, on Beam): statistics
   per split, a schema inferred from them, anomalies of the eval split against it.
-- Trainer: the project's own training (``aiayn.pipeline.tfx_module.run_fn``); tokenisation
+- Trainer: the project's own training (``aiayn.pipeline.tfx.trainer.run_fn``); tokenisation
   stays inside our graph, so there is no Transform component (tensorflow-transform is Keras 2).
 - Pusher: copies the serving SavedModel to ``<push_dir>/<unix time>/``, an integer version
   directory that ``tensorflow_model_server --model_base_path=<push_dir>`` picks up.
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from aiayn.pipeline.tfx_data import INPUT_SPLITS
-from aiayn.pipeline.tfx_module import RUN_FN
+from aiayn.pipeline.tfx.examples import INPUT_SPLITS
+from aiayn.pipeline.tfx.trainer import RUN_FN
 
 PIPELINE_NAME = "aiayn-translate"
 INPUT_FORMATS = ("tfrecord", "csv")

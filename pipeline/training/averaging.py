@@ -1,0 +1,141 @@
+"""Checkpoint averaging and the choice of the final weights (paper §6.1), scored on dev.
+
+    average_checkpoints_for_run(cfg)   # `aiayn average`; train() calls select_final_weights
+
+Candidates: the last checkpoint, the element-wise mean of the last ``train.average_last`` and the
+best-dev weights; each is translated with the served graph (``validation.translate_sentences``)
+and the best dev BLEU becomes ``final.weights.h5``, with every score in ``averaging.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import keras
+import numpy as np
+
+from aiayn.pipeline.config import Config
+from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.fileio import atomic_write
+from aiayn.pipeline.training.artifacts import (RunFiles, build_model, dev_sample, list_checkpoints,
+                                               load_model_weights, load_tokenizer,
+                                               save_model_weights)
+from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
+
+
+
+
+def average_weight_files(model: keras.Model, paths: Sequence[str | os.PathLike]) -> None:
+    """Sets ``model``'s weights to the element-wise mean of the weight files (paper §6.1).
+
+    Each file is loaded into ``model`` in turn and summed in float64; non-float variables
+    (counters) keep the last file's value.
+
+    Raises:
+      ValueError: no paths.
+    """
+    paths = list(paths)
+    if not paths:
+        raise ValueError("average_weight_files needs at least one weights file.")
+    variables = [v for v in model.weights if not v.path.endswith("seed_generator_state")]
+    sums: list[np.ndarray | None] = [None] * len(variables)
+    for path in paths:
+        load_model_weights(model, path)
+        for i, v in enumerate(variables):
+            value = keras.ops.convert_to_numpy(v)
+            if not np.issubdtype(value.dtype, np.floating):
+                sums[i] = value
+            else:
+                sums[i] = value.astype(np.float64) if sums[i] is None else sums[i] + value
+    for v, total in zip(variables, sums):
+        if np.issubdtype(total.dtype, np.floating):
+            v.assign((total / len(paths)).astype(keras.ops.convert_to_numpy(v).dtype))
+        else:
+            v.assign(total)
+
+
+def _candidates(cfg: Config, files: RunFiles) -> tuple[list, list[tuple[str, list[str]]]]:
+    """The checkpoints, and the ``(name, weight files)`` candidates for the final weights."""
+    ckpts = list_checkpoints(files.checkpoints)
+    if not ckpts:
+        raise UserInputError(f"No checkpoints in {files.checkpoints}: train first with "
+                             "`aiayn train`.")
+    last_n = [str(p) for _, p in ckpts[-max(1, cfg.train.average_last):]]
+    candidates = [("last", [str(ckpts[-1][1])])]
+    if len(last_n) > 1:
+        candidates.append((f"average_last_{len(last_n)}", last_n))
+    if files.best.exists() and files.dev_eval_state.exists():
+        best_step = json.loads(files.dev_eval_state.read_text()).get("best_step", -1)
+        if best_step != ckpts[-1][0]:
+            candidates.append((f"best_dev_step_{best_step}", [str(files.best)]))
+    return ckpts, candidates
+
+
+def _score_on_dev(cfg: Config, model: keras.Model, tokenizer,
+                  pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    start = time.monotonic()
+    hyps = translate_sentences(make_translator(cfg, model, tokenizer), [s for s, _ in pairs],
+                               batch_size=cfg.decode.batch_size)
+    entry = {k: v for k, v in score(hyps, [t for _, t in pairs]).items() if k != "bleu_detail"}
+    entry["seconds"] = round(time.monotonic() - start, 1)
+    return entry
+
+
+def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
+                         pairs: Sequence[tuple[str, str]] | None = None,
+                         stream=None) -> dict[str, Any]:
+    """Scores the last checkpoint, the average of the last N and the best-dev weights on dev.
+
+    The best of them is written to ``<run_dir>/final.weights.h5``; all scores go to
+    ``<run_dir>/averaging.json``. Without dev data the average (or the last) is kept unscored.
+
+    Returns:
+      The averaging report (candidates with their BLEU/chrF, ``chosen``).
+
+    Raises:
+      UserInputError: the run has no checkpoints.
+    """
+    stream = stream or sys.stdout
+    files = RunFiles.of(cfg)
+    ckpts, candidates = _candidates(cfg, files)
+    if pairs is None:
+        pairs = dev_sample(cfg, cfg.train.eval_max_sentences)
+    report: dict[str, Any] = {"checkpoints": [str(p) for _, p in ckpts],
+                              "average_last": min(len(ckpts), max(1, cfg.train.average_last)),
+                              "dev_sentences": len(pairs), "candidates": {}}
+    best_name, best_bleu = None, -1.0
+    for name, weight_files in candidates:
+        average_weight_files(model, weight_files)
+        entry: dict[str, Any] = {"files": weight_files}
+        if pairs:
+            entry.update(_score_on_dev(cfg, model, tokenizer, pairs))
+            stream.write(f"dev {name}: BLEU {entry['bleu']:.2f} chrF {entry['chrf']:.2f}\n")
+            stream.flush()
+            better = entry["bleu"] > best_bleu
+        else:
+            better = best_name is None or name.startswith("average")
+        report["candidates"][name] = entry
+        if better:
+            best_name, best_bleu = name, entry.get("bleu", -1.0)
+    report["chosen"] = best_name
+    average_weight_files(model, report["candidates"][best_name]["files"])
+    final = save_model_weights(model, files.final)
+    report["final_weights"] = str(final)
+    atomic_write(files.averaging, json.dumps(report, indent=2, ensure_ascii=False))
+    stream.write(f"final weights: {best_name} -> {final}\n")
+    stream.flush()
+    return report
+
+
+def average_checkpoints_for_run(cfg: Config) -> dict[str, Any]:
+    """`aiayn average`: last vs. average of the last ``train.average_last`` checkpoints on dev.
+
+    Writes ``final.weights.h5`` (the better) and ``averaging.json`` (both scores).
+    """
+    tokenizer = load_tokenizer(cfg)
+    model = build_model(cfg, tokenizer)
+    return select_final_weights(cfg, model, tokenizer)
