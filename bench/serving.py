@@ -42,7 +42,7 @@ def _sentences(n: int, seed: int = 0) -> list[str]:
 
 def _tokenizer(cfg):
     from aiayn.models.tokenizer import SubwordTokenizer
-    from aiayn.pipeline.vocab import vocab_path
+    from aiayn.pipeline.data.vocab import vocab_path
 
     path = vocab_path(cfg)
     if Path(path).exists():
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     from aiayn.export.client import RestClient
     from aiayn.export.server import DevServer
     from aiayn.pipeline.config import load_config
-    from aiayn.pipeline.publish import FINAL_WEIGHTS, build_model
+    from aiayn.pipeline.training.artifacts import RunFiles, build_model
 
     overrides = []
     if args.max_extra_length is not None:
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     cfg = load_config([args.preset], overrides)
     tokenizer, vocab_note = _tokenizer(cfg)
     model = build_model(cfg, tokenizer)
-    weights = Path(cfg.train.run_dir) / FINAL_WEIGHTS
+    weights = RunFiles.of(cfg).final
     if weights.exists() and "synthetic" not in vocab_note:
         model.load_weights(str(weights))
         weights_note = f"trained weights {weights}"

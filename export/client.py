@@ -1,7 +1,8 @@
 """Clients for the translation servable: TF Serving REST, TF Serving gRPC, or a local export.
 
 All three answer ``translate(texts) -> list[Translation]``; they work the same against
-``tensorflow_model_server`` and the development server.
+``tensorflow_model_server`` and the development server. Payloads are encoded and decoded with
+:mod:`aiayn.export.codec`, which the development server shares.
 
     client = connect("http://127.0.0.1:8501")          # REST
     client = connect("grpc://127.0.0.1:8500")          # gRPC
@@ -19,8 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
+from aiayn.export.codec import protos_to_python, tensors_to_python, texts_proto, texts_tensor
 from aiayn.export.saved_model import NBEST_SIGNATURE, SERVING_SIGNATURE, list_versions
 
 
@@ -54,16 +54,6 @@ def _to_translations(outputs: dict[str, Any], n_best: bool) -> list[Translation]
         result.append(Translation(text=pairs[0][0], score=pairs[0][1], n_best=pairs,
                                   truncated=bool(cut)))
     return result
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return [_decode(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 class RestClient:
@@ -165,16 +155,13 @@ class GrpcClient:
 
     def predict(self, texts: Sequence[str], signature_name: str = SERVING_SIGNATURE
                 ) -> dict[str, Any]:
-        import tensorflow as tf
         from tensorflow_serving.apis import predict_pb2
 
         request = predict_pb2.PredictRequest()
         self._spec(request.model_spec, signature_name)
-        request.inputs["text"].CopyFrom(
-            tf.make_tensor_proto([t.encode("utf-8") if isinstance(t, str) else t for t in texts],
-                                 dtype=tf.string))
+        request.inputs["text"].CopyFrom(texts_proto(texts))
         response = self._call(self._predict.Predict, request)
-        return {k: _decode(tf.make_ndarray(v)) for k, v in response.outputs.items()}
+        return protos_to_python(response.outputs)
 
     def translate(self, texts: Sequence[str], n_best: bool = False) -> list[Translation]:
         if not texts:
@@ -224,12 +211,8 @@ class LocalClient:
 
     def predict(self, texts: Sequence[str], signature_name: str = SERVING_SIGNATURE
                 ) -> dict[str, Any]:
-        import tensorflow as tf
-
         fn = self._loaded.signatures[signature_name]
-        out = fn(text=tf.constant([t.encode("utf-8") if isinstance(t, str) else t
-                                   for t in texts], tf.string))
-        return {k: _decode(v.numpy()) for k, v in out.items()}
+        return tensors_to_python(fn(text=texts_tensor(texts)))
 
     def translate(self, texts: Sequence[str], n_best: bool = False) -> list[Translation]:
         if not texts:

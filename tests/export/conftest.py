@@ -3,7 +3,7 @@
   export_cfg     the `tiny` preset on the toy corpus, exports under a temporary base dir.
   trained_model  a tiny Transformer (hidden 16, 2 layers) fitted for a few steps on the toy
                  pairs, its weights at <run_dir>/final.weights.h5 (no dependency on pipeline/train).
-  exported       (cfg, version_dir) from `aiayn.pipeline.publish.export_run` (verified).
+  exported       (cfg, version_dir) from `aiayn.pipeline.release.export_run.export_run` (verified).
   dev_server     the development server on free ports over that base dir (poll every 0.3 s).
 """
 
@@ -44,7 +44,7 @@ def _features(tokenizer, pairs):
 def trained_model(export_cfg, toy_tokenizer, toy_pairs):
     import keras
 
-    from aiayn.pipeline.publish import FINAL_WEIGHTS, build_model
+    from aiayn.pipeline.training.artifacts import build_model
 
     # No keras.utils.set_random_seed here: tf.random.set_seed in eager mode resets the context
     # and destroys the session-scoped tokenizer's SentencePiece resource.
@@ -58,13 +58,13 @@ def trained_model(export_cfg, toy_tokenizer, toy_pairs):
 
     run_dir = Path(export_cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model.save_weights(str(run_dir / FINAL_WEIGHTS))
+    model.save_weights(str(run_dir / "final.weights.h5"))
     return model
 
 
 @pytest.fixture(scope="session")
 def exported(export_cfg, trained_model):
-    from aiayn.pipeline.publish import export_run
+    from aiayn.pipeline.release.export_run import export_run
 
     path = export_run(export_cfg)
     return export_cfg, path
