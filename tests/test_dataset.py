@@ -2,7 +2,6 @@
 
 import dataclasses
 import random
-import unicodedata
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import tensorflow as tf
 
 from aiayn.pipeline.data import dataset as dataset_lib
 from aiayn.pipeline.data.dataset import (FEATURE_KEYS, batch_by_token_budget, batch_statistics,
-                                    effective_boundaries, make_eval_dataset, make_source_batches,
+                                    effective_boundaries, 
                                     make_train_dataset)
 
 NUM_PAIRS = 400
@@ -126,41 +125,18 @@ def test_train_epochs_cover_the_corpus(corpus, toy_tokenizer, toy_config):
     assert seen == expected
 
 
-def test_eval_dataset_keeps_every_pair_in_order(corpus, toy_tokenizer, toy_config):
+def test_training_source_side_is_the_serving_featuriser(corpus, toy_tokenizer, toy_config):
+    """A pair kept for training is featurised as evaluation and serving featurise its source."""
     path, pairs = corpus
-    data = dataclasses.replace(toy_config.data, max_length=16, token_budget=128)
-    bounds = effective_boundaries(data.bucket_boundaries, data.max_length)
-    targets, sources = [], []
-    batches = _take(make_eval_dataset(path, toy_tokenizer, data), 1000)
-    for features, labels in batches:
-        assert labels.shape[0] <= 128 // 16
-        assert labels.shape[1] in bounds and features["encoder_token_ids"].shape[1] in bounds
-        assert features["decoder_padding_mask"].sum(axis=1).max() <= 16
-        sources += toy_tokenizer.detokenize(features["encoder_token_ids"]).numpy().tolist()
-        targets += toy_tokenizer.detokenize(labels).numpy().tolist()
-    assert len(targets) == len(pairs)
-    # Truncated pairs (max_length 16) are kept and are prefixes of the originals.
-    full = toy_tokenizer.tokenize([t for _, t in pairs])
-    untruncated = np.flatnonzero(full.row_lengths().numpy() <= 15)
-    for i in untruncated:
-        assert targets[i].decode() == unicodedata.normalize("NFKC", pairs[i][1])
-    for i, (source, _) in enumerate(pairs):
-        assert unicodedata.normalize("NFKC", source).startswith(sources[i].decode())
-    assert len(untruncated) < len(pairs)  # some were truncated, none dropped
-
-
-def test_source_batches_in_input_order(toy_tokenizer):
-    texts = ["我爱你", "Jesus wept.", "In the beginning God created the heavens and the earth.",
-             "Peace be with you."]
-    batches = list(make_source_batches(texts, toy_tokenizer, batch_size=3, max_length=8))
-    assert [b[0].shape[0] for b in batches] == [3, 1]
-    ids = np.concatenate([np.pad(b[0].numpy(), [(0, 0), (0, 8 - b[0].shape[1])]) for b in batches])
-    expected = toy_tokenizer.tokenize(texts)[:, :8].to_tensor(shape=[4, 8]).numpy()
-    np.testing.assert_array_equal(ids, expected)
-    for token_ids, mask in batches:
-        assert token_ids.dtype == tf.int32 and mask.dtype == tf.bool
-        np.testing.assert_array_equal(mask.numpy(), token_ids.numpy() != toy_tokenizer.pad_id)
-    assert list(make_source_batches([], toy_tokenizer, 4, 8)) == []
+    data = dataclasses.replace(toy_config.data, max_length=64, token_budget=256)
+    served = toy_tokenizer.featurize_source(tf.constant([s for s, _ in pairs]), 64)
+    rows = {tuple(r[m]) for r, m in zip(served.token_ids.numpy(), served.padding_mask.numpy())}
+    seen = 0
+    for features, _ in _take(make_train_dataset(path, toy_tokenizer, data, 0), 20):
+        for r, m in zip(features["encoder_token_ids"], features["encoder_padding_mask"]):
+            assert tuple(r[m]) in rows
+            seen += 1
+    assert seen > 20
 
 
 def _synthetic_examples(num, seed):
@@ -201,7 +177,7 @@ def test_bad_inputs(tmp_path, toy_tokenizer, toy_config):
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nno tab\n", encoding="utf-8")
     with pytest.raises(tf.errors.InvalidArgumentError, match="exactly one tab"):
-        list(make_eval_dataset(bad, toy_tokenizer, toy_config.data))
+        next(iter(make_train_dataset(bad, toy_tokenizer, toy_config.data)))
     with pytest.raises(ValueError, match="token_budget"):
         batch_by_token_budget((8, 16), 10, pad_id=0)
     with pytest.raises(ValueError, match="strictly increasing"):

@@ -27,9 +27,11 @@ on lognormal verse lengths, 1-D buckets padded to the boundary give about 0.83 w
 boundaries, 2-D buckets about 0.90, and 0.93 with boundaries every 4 tokens up to 32 and every 8
 up to 128 (`bench/input_pipeline.py` measures the real corpus).
 
-Evaluation keeps file order and every pair (over-long sides are truncated): fixed-size batches
-of ``token_budget // max_length`` pairs, each side padded to the boundary at or above the batch's
-longest row. Training and evaluation share one featuriser, :func:`featurize_pairs`.
+Training drops pairs longer than ``data.max_length`` (:func:`filter_by_length`) instead of
+truncating them. Everything that translates (evaluation, dev BLEU, the export, the server) uses
+``SubwordTokenizer.featurize_source`` instead, with the one ``source_limit``; its source side is
+the same tokenisation as here (the model's normaliser, no BOS/EOS), so a pair kept for training
+is featurised exactly as evaluation and serving featurise it.
 """
 
 from __future__ import annotations
@@ -88,19 +90,15 @@ def effective_boundaries(bucket_boundaries: Sequence[int], max_length: int) -> t
     return tuple(kept) + (int(max_length),)
 
 
-def featurize_pairs(tokenizer: SubwordTokenizer, max_length: int,
-                    truncate: bool) -> Transformation:
-    """The one featuriser of training and evaluation: TSV lines -> unpadded examples.
+def featurize_pairs(tokenizer: SubwordTokenizer) -> Transformation:
+    """Training's featuriser: TSV lines -> unpadded examples (over-long pairs are kept here and
+    dropped by :func:`filter_by_length`).
 
     Lines are tokenised `TOKENIZE_BATCH_SIZE` at a time in a parallel, order-preserving map.
     Blank lines are skipped.
 
     Args:
       tokenizer: the :class:`SubwordTokenizer` (special ids are read from it).
-      max_length: with `truncate`, the source keeps its first `max_length` ids and the target its
-        first `max_length - 1` (so BOS + target and target + EOS fit in `max_length`).
-      truncate: whether to truncate over-long sides (evaluation); training filters instead,
-        see :func:`filter_by_length`.
 
     Returns:
       A transformation for `dataset.apply` from a dataset of `tf.string` lines
@@ -108,12 +106,8 @@ def featurize_pairs(tokenizer: SubwordTokenizer, max_length: int,
       features `(src_len,)`, decoder features and labels `(tgt_len,)`.
 
     Raises:
-      ValueError: `max_length` is below 2 while truncating.
       tf.errors.InvalidArgumentError: (on iteration) a line has no tab or more than one.
     """
-    if truncate and max_length < 2:
-        raise ValueError(f"`max_length` must be at least 2 (BOS/EOS + one token). "
-                         f"Received: {max_length}.")
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
 
     def featurize(lines: tf.Tensor) -> tuple[dict[str, tf.RaggedTensor], tf.RaggedTensor]:
@@ -125,11 +119,8 @@ def featurize_pairs(tokenizer: SubwordTokenizer, max_length: int,
                     "prepared data with `aiayn data`.")
         with tf.control_dependencies([check]):
             sides = fields.to_tensor(shape=[None, 2])  # (n, 2)
-        source = tokenizer.tokenize(sides[:, 0])  # (n, (src_len))
+        source = tokenizer.tokenize(sides[:, 0])  # (n, (src_len)) as featurize_source
         target = tokenizer.tokenize(sides[:, 1])  # (n, (tgt_len - 1))
-        if truncate:
-            source = source[:, :max_length]
-            target = target[:, :max_length - 1]
         n = tf.shape(lines)[0]
         bos_column = tf.RaggedTensor.from_tensor(tf.fill([n, 1], tf.constant(bos, tf.int32)))
         eos_column = tf.RaggedTensor.from_tensor(tf.fill([n, 1], tf.constant(eos, tf.int32)))
@@ -257,43 +248,6 @@ def batch_by_token_budget(boundaries: Sequence[int], token_budget: int, pad_id: 
     return apply
 
 
-def pad_to_boundaries(boundaries: Sequence[int], pad_id: int) -> Transformation:
-    """Pads each side of padded batches further, to the smallest boundary at or above its length.
-
-    Keeps evaluation batch shapes in a small fixed set without reordering examples.
-
-    Args:
-      boundaries: strictly increasing lengths; the last must be at least every batch's length.
-      pad_id: the tokenizer's pad id.
-
-    Returns:
-      A transformation for `dataset.apply` over batched `(features, labels)`.
-
-    Raises:
-      ValueError: `boundaries` is empty.
-    """
-    if not boundaries:
-        raise ValueError("`boundaries` must not be empty.")
-    bounds_tensor = tf.constant([int(b) for b in boundaries], tf.int32)
-
-    def to_boundary(length):
-        return bounds_tensor[tf.searchsorted(bounds_tensor, tf.reshape(length, [1]))[0]]
-
-    def pad(features, labels):
-        src_extra = to_boundary(tf.shape(features["encoder_token_ids"])[1]) - tf.shape(
-            features["encoder_token_ids"])[1]
-        tgt_extra = to_boundary(tf.shape(labels)[1]) - tf.shape(labels)[1]
-        out = {}
-        for key in FEATURE_KEYS:
-            extra = src_extra if key.startswith("encoder") else tgt_extra
-            value = pad_id if key.endswith("token_ids") else False
-            out[key] = tf.pad(features[key], [[0, 0], [0, extra]], constant_values=value)
-        return out, tf.pad(labels, [[0, 0], [0, tgt_extra]], constant_values=pad_id)
-
-    return lambda dataset: dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE,
-                                       deterministic=True)
-
-
 def _options() -> tf.data.Options:
     options = tf.data.Options()
     options.deterministic = True
@@ -329,75 +283,11 @@ def make_train_dataset(path_or_paths: Union[PathLike, Sequence[PathLike]],
     dataset = dataset.shuffle(max(1, data_cfg.shuffle_buffer), seed=seed,
                               reshuffle_each_iteration=True)
     dataset = dataset.repeat()
-    dataset = dataset.apply(featurize_pairs(tokenizer, data_cfg.max_length, truncate=False))
+    dataset = dataset.apply(featurize_pairs(tokenizer))
     dataset = dataset.apply(filter_by_length(data_cfg.max_length))
     dataset = dataset.apply(batch_by_token_budget(bounds, data_cfg.token_budget,
                                                   tokenizer.pad_id, drop_remainder=True))
     dataset = dataset.shuffle(BATCH_SHUFFLE_BUFFER, seed=seed + 1, reshuffle_each_iteration=True)
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
-
-
-def make_eval_dataset(path: PathLike, tokenizer: SubwordTokenizer,
-                      data_cfg: DataConfig) -> tf.data.Dataset:
-    """The evaluation pipeline: every pair once, in file order, same features as training.
-
-    Over-long sides are truncated (never dropped). Batches hold
-    `token_budget // max_length` pairs (the last may hold fewer); each side is padded to the
-    boundary at or above the batch's longest row.
-
-    Args:
-      path: a prepared TSV file (or a list of them, read in order).
-      tokenizer: the :class:`SubwordTokenizer`.
-      data_cfg: ``cfg.data``.
-
-    Returns:
-      A finite `tf.data.Dataset` of `(features, labels)` as in training.
-
-    Raises:
-      FileNotFoundError: the file is missing (run `aiayn data`).
-      ValueError: inconsistent `max_length` / `token_budget`, or `max_length` below 2.
-      tf.errors.InvalidArgumentError: (on iteration) a line is not `source<TAB>target`.
-    """
-    bounds = effective_boundaries(data_cfg.bucket_boundaries, data_cfg.max_length)
-    batch_size = data_cfg.token_budget // data_cfg.max_length
-    if batch_size < 1:
-        raise ValueError(
-            f"`data.token_budget` ({data_cfg.token_budget}) must be at least `data.max_length` "
-            f"({data_cfg.max_length}).")
-    dataset = tf.data.TextLineDataset(_paths(path))
-    dataset = dataset.apply(featurize_pairs(tokenizer, data_cfg.max_length, truncate=True))
-    dataset = dataset.padded_batch(batch_size, padding_values=_padding(tokenizer.pad_id))
-    dataset = dataset.apply(pad_to_boundaries(bounds, tokenizer.pad_id))
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
-
-
-def make_source_batches(sources: Iterable[str], tokenizer: SubwordTokenizer, batch_size: int,
-                        max_length: int) -> tf.data.Dataset:
-    """Batches of source sentences for translation, in input order.
-
-    Uses :meth:`SubwordTokenizer.featurize_source`, the featuriser of the exported signature.
-
-    Args:
-      sources: source sentences.
-      tokenizer: the :class:`SubwordTokenizer`.
-      batch_size: sentences per batch (the last batch may hold fewer).
-      max_length: the longest source kept, in tokens (longer ones are truncated).
-
-    Returns:
-      A finite `tf.data.Dataset` of `(encoder_token_ids, encoder_padding_mask)`, int32 and bool
-      of shape `(batch_size, src_len)`, padded to the batch's longest row.
-
-    Raises:
-      ValueError: `batch_size` or `max_length` is below 1.
-    """
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be at least 1. Received: {batch_size}.")
-    if max_length < 1:
-        raise ValueError(f"`max_length` must be at least 1. Received: {max_length}.")
-    texts = tf.reshape(tf.constant(list(sources), dtype=tf.string), [-1])  # (num_sources,)
-    dataset = tf.data.Dataset.from_tensor_slices(texts).batch(batch_size)
-    dataset = dataset.map(lambda s: tokenizer.featurize_source(s, max_length),
-                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 
