@@ -10,7 +10,7 @@ SETS := $(foreach s,$(SET),--set $(s))
 ARGS := --preset $(PRESET) $(SETS)
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps train data vocab fit evaluate export serve translate test test-fast bench clean tfx
+.PHONY: help install system-deps train data vocab fit evaluate export serve translate test test-fast lint bench clean tfx
 
 help: ## List the targets, one line each.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ test: $(STAMP) ## Run the whole test suite (unit + slow integration tests).
 
 test-fast: $(STAMP) ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not slow" tests
+
+lint: $(STAMP) ## Lint the sources with ruff (config in pyproject.toml; `ruff check --fix .` fixes most).
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP) ## Run the bench/ scripts (each ends with one JSON line).
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -91,7 +91,7 @@ def test_teacher_forcing_reproduces_the_greedy_decode(tiny_model, toy_tokenizer,
     out_ids = data["output_ids"]
     assert data["output_pieces"] == [p.decode() for p in
                                      toy_tokenizer.id_to_piece(tf.constant(out_ids)).numpy()]
-    src, mask = toy_tokenizer.featurize_source(tf.constant([SOURCES[0]]), 256)
+    src, mask, *_ = toy_tokenizer.featurize_source(tf.constant([SOURCES[0]]), 256)
     dec = np.array([[toy_tokenizer.bos_id] + out_ids[:-1]], np.int32)
     logits = np.array(tiny_model({"encoder_token_ids": src, "encoder_padding_mask": mask,
                                   "decoder_token_ids": dec,

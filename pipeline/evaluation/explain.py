@@ -159,6 +159,34 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     ids, mask = features.token_ids, features.padding_mask
     layer = _resolve_layer(layer, int(model.num_layers))
 
+    produced, translation, score = _search(model, tokenizer, ids, mask, beam_size,
+                                           length_penalty, max_extra_length)
+    maps = attention_maps(model, tokenizer, [sentence], [produced], max_length=max_length)
+    source_ids = maps["encoder_token_ids"][0]
+    source_pieces = _pieces(tokenizer, source_ids)
+    output_pieces = _pieces(tokenizer, produced)
+    input_pieces = _pieces(tokenizer, maps["decoder_token_ids"][0])
+    cross = maps["cross"][layer][0]  # (heads, T, S)
+    data: dict[str, Any] = {
+        "source": sentence, "translation": translation, "score": score, "layer": layer,
+        "source_ids": [int(t) for t in source_ids], "output_ids": produced,
+        "source_pieces": source_pieces, "output_pieces": output_pieces,
+        "decoder_input_pieces": input_pieces,
+        "cross": cross, "cross_mean": cross.mean(axis=0),
+        "encoder_self": maps["encoder_self"][layer][0],
+        "decoder_self": maps["decoder_self"][layer][0],
+        "paths": {},
+    }
+    _plot_explanation(data, Path(out_png), int(model.num_layers), self_attention, dpi)
+    return data
+
+
+def _search(model: Any, tokenizer: Any, ids, mask, beam_size: int, length_penalty: float,
+            max_extra_length: int) -> tuple[list[int], str, float]:
+    """``model.generate`` on one featurised sentence: produced ids (EOS last when the search
+    stopped on it), the translation and its score."""
+    import tensorflow as tf
+
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32),
                                   tf.TensorSpec([None, None], tf.bool)])
     def generate(token_ids, padding_mask):
@@ -174,26 +202,15 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     if length < generated.shape[0]:  # search stopped on EOS (else it ran out of length)
         produced.append(tokenizer.eos_id)
     translation = tokenizer.detokenize(tf.constant([produced], tf.int32)).numpy()[0]
+    return produced, translation.decode("utf-8"), float(out["scores"].numpy()[0, 0])
 
-    maps = attention_maps(model, tokenizer, [sentence], [produced], max_length=max_length)
-    source_ids = maps["encoder_token_ids"][0]
-    source_pieces = _pieces(tokenizer, source_ids)
-    output_pieces = _pieces(tokenizer, produced)
-    input_pieces = _pieces(tokenizer, maps["decoder_token_ids"][0])
-    cross = maps["cross"][layer][0]  # (heads, T, S)
-    data: dict[str, Any] = {
-        "source": sentence, "translation": translation.decode("utf-8"),
-        "score": float(out["scores"].numpy()[0, 0]), "layer": layer,
-        "source_ids": [int(t) for t in source_ids], "output_ids": produced,
-        "source_pieces": source_pieces, "output_pieces": output_pieces,
-        "decoder_input_pieces": input_pieces,
-        "cross": cross, "cross_mean": cross.mean(axis=0),
-        "encoder_self": maps["encoder_self"][layer][0],
-        "decoder_self": maps["decoder_self"][layer][0],
-        "paths": {},
-    }
-    out_png = Path(out_png)
-    n_layers = int(model.num_layers)
+
+def _plot_explanation(data: dict[str, Any], out_png: Path, n_layers: int, self_attention: bool,
+                      dpi: int) -> None:
+    """Writes the cross-attention figure (and the self-attention ones); fills ``data``."""
+    layer, sentence = data["layer"], data["source"]
+    source_pieces, output_pieces = data["source_pieces"], data["output_pieces"]
+    input_pieces, cross = data["decoder_input_pieces"], data["cross"]
     data["image_size"] = _plot_heads(
         cross, source_pieces, output_pieces, out_png, dpi=dpi,
         title=f"Cross-attention, decoder layer {layer + 1}/{n_layers}: "
@@ -212,7 +229,8 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
             _plot_heads(data[kind], x_labels, y_labels, path, title=title, xlabel=xlabel,
                         ylabel=ylabel, dpi=dpi)
             data["paths"][kind] = path
-    return data
+
+
 
 
 def _shorten(text: str, limit: int = 60) -> str:

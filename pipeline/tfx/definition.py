@@ -1,5 +1,5 @@
 """The TFX pipeline definition: ExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator ->
-Trainer -> Pusher. Pure: it builds the pipeline object and runs nothing (runners: tfx_runners.py).
+Trainer -> Pusher. Pure: it builds the pipeline object and runs nothing (runners: tfx/runners.py).
 
 - ExampleGen: ``ImportExampleGen`` over TFRecord ``tf.Example``s with ``source`` / ``target``
   bytes features (``aiayn tfx-data`` writes them), or ``CsvExampleGen`` over a two-column CSV;
@@ -73,33 +73,8 @@ def create_pipeline(
 
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"`input_format` must be one of {INPUT_FORMATS}; got {input_format!r}.")
-    input_config = tfx.proto.Input(splits=[
-        tfx.proto.Input.Split(name=name, pattern=pattern)
-        for name, pattern in INPUT_SPLITS.items()])
-    components = []
-
-    # Brings the corpus in as tf.Examples; the input's own splits are kept.
-    if input_format == "tfrecord":
-        example_gen = tfx.components.ImportExampleGen(input_base=examples_dir,
-                                                      input_config=input_config)
-    else:
-        example_gen = tfx.components.CsvExampleGen(input_base=examples_dir,
-                                                   input_config=input_config)
-    components.append(example_gen)
-
-    # Statistics of each split (lengths and values of source/target) for validation.
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    components.append(statistics_gen)
-
-    # A schema inferred from the statistics: two required bytes features.
-    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
-                                          infer_feature_shape=True)
-    components.append(schema_gen)
-
-    # Anomalies (missing features, wrong types) of the data against the schema.
-    example_validator = tfx.components.ExampleValidator(
-        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
-    components.append(example_validator)
+    data = _data_components(tfx, examples_dir, input_format)
+    example_gen, schema_gen = data[0], data[2]
 
     # The project's training (vocabulary, model.fit, export) as the Trainer's run_fn.
     trainer = tfx.components.Trainer(
@@ -110,14 +85,13 @@ def create_pipeline(
         eval_args=tfx.proto.EvalArgs(splits=["eval"]),
         custom_config={"config": _plain(config), "preset": preset,
                        "overrides": list(overrides)})
-    components.append(trainer)
 
     # Copies the verified SavedModel to an integer version directory TF Serving watches.
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=push_dir)))
-    components.append(pusher)
+    components = [*data, trainer, pusher]
 
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
@@ -127,6 +101,29 @@ def create_pipeline(
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args or []),
     )
+
+
+def _data_components(tfx: Any, examples_dir: str, input_format: str) -> list[Any]:
+    """ExampleGen, StatisticsGen, SchemaGen, ExampleValidator, in that order."""
+    input_config = tfx.proto.Input(splits=[
+        tfx.proto.Input.Split(name=name, pattern=pattern)
+        for name, pattern in INPUT_SPLITS.items()])
+    # Brings the corpus in as tf.Examples; the input's own splits are kept.
+    if input_format == "tfrecord":
+        example_gen = tfx.components.ImportExampleGen(input_base=examples_dir,
+                                                      input_config=input_config)
+    else:
+        example_gen = tfx.components.CsvExampleGen(input_base=examples_dir,
+                                                   input_config=input_config)
+    # Statistics of each split (lengths and values of source/target) for validation.
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    # A schema inferred from the statistics: two required bytes features.
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
+                                          infer_feature_shape=True)
+    # Anomalies (missing features, wrong types) of the data against the schema.
+    example_validator = tfx.components.ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
+    return [example_gen, statistics_gen, schema_gen, example_validator]
 
 
 def _plain(value: Any) -> Any:
