@@ -89,7 +89,7 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
 def _plot_curves(run_dir: Path) -> str | None:
     """`<run_dir>/curves.png` from the run's own logs; a missing plotting extra is reported."""
     try:
-        from aiayn.pipeline.evaluation.explain import plot_training_curves
+        from aiayn.pipeline.evaluation.plots import plot_training_curves
         return str(plot_training_curves(run_dir))
     except ImportError as err:  # matplotlib is in the `plot`/`dev` extras, not a hard dependency
         print(f"(curves.png skipped: {err}; install the `plot` extra)")

@@ -141,7 +141,7 @@ def test_positional_encoding_plot_data_is_the_sine_table(tmp_path):
     import keras
 
     from aiayn.models.embedding import sinusoidal_table
-    from aiayn.pipeline.evaluation.explain import plot_positional_encoding
+    from aiayn.pipeline.evaluation.plots import plot_positional_encoding
 
     data = plot_positional_encoding(tmp_path / "pe.png", length=40, dim=16, dpi=40)
     np.testing.assert_array_equal(data["table"],
@@ -170,7 +170,7 @@ def _history_rows():
 
 
 def test_training_curves_from_history_json(tmp_path):
-    from aiayn.pipeline.evaluation.explain import history_series, plot_training_curves, read_history
+    from aiayn.pipeline.evaluation.plots import history_series, plot_training_curves, read_history
 
     (tmp_path / "history.json").write_text(json.dumps({"rows": _history_rows()}))
     series = history_series(read_history(tmp_path))
@@ -183,7 +183,7 @@ def test_training_curves_from_history_json(tmp_path):
 
 
 def test_training_curves_from_csv_with_missing_series(tmp_path):
-    from aiayn.pipeline.evaluation.explain import history_series, plot_training_curves, read_history
+    from aiayn.pipeline.evaluation.plots import history_series, plot_training_curves, read_history
 
     rows = [{k: v for k, v in r.items() if not k.startswith("dev_")} for r in _history_rows()]
     rows[3]["loss"] = "nan"  # a diverged step or an empty cell is skipped, not plotted
@@ -199,7 +199,7 @@ def test_training_curves_from_csv_with_missing_series(tmp_path):
 
 
 def test_training_curves_without_history_is_a_clear_error(tmp_path):
-    from aiayn.pipeline.evaluation.explain import plot_training_curves
+    from aiayn.pipeline.evaluation.plots import plot_training_curves
 
     with pytest.raises(UserInputError, match="No training history"):
         plot_training_curves(tmp_path)

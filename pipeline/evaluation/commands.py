@@ -23,7 +23,7 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plot_positional_encoding(args: argparse.Namespace, cfg) -> None:
-    from aiayn.pipeline.evaluation.explain import plot_positional_encoding
+    from aiayn.pipeline.evaluation.plots import plot_positional_encoding
 
     data = plot_positional_encoding(args.out, length=args.length,
                                     dim=args.dim or cfg.model.hidden_dim)
@@ -38,7 +38,7 @@ def _args_plot_positional_encoding(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plot_curves(args: argparse.Namespace, cfg) -> None:
-    from aiayn.pipeline.evaluation.explain import plot_training_curves
+    from aiayn.pipeline.evaluation.plots import plot_training_curves
 
     print(plot_training_curves(args.run_dir or cfg.train.run_dir, args.output))
 
