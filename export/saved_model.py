@@ -1,6 +1,6 @@
 """The serving SavedModel: strings in, translations out, with everything in between in-graph.
 
-Signatures (the contract in docs/CONTRACTS.md and ARCHITECTURE.md):
+Signatures (the contract in docs/CONTRACTS.md and docs/ARCHITECTURE.md):
 
     serving_default   text: tf.string [None]  ->  translation: tf.string [None]
                                                   score:       tf.float32 [None]
