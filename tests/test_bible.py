@@ -6,8 +6,21 @@ import shutil
 
 import pytest
 
-from aiayn.pipeline.data import bible
-
+from aiayn.pipeline.data.bible.align import (
+    align_books,
+    align_verses,
+    calibrate_threshold,
+    shifted_pairs,
+)
+from aiayn.pipeline.data.bible.extract import (
+    SOURCE_MODULE,
+    book_verses,
+    clean_osis,
+    parse_imp,
+    run_mod2imp,
+)
+from aiayn.pipeline.data.bible.lexicon import LexicalModel
+from aiayn.pipeline.data.bible.split import DEV_BOOKS, TEST_BOOKS, split_by_book, split_of_book
 
 # --- OSIS clean-up -----------------------------------------------------------------------------
 
@@ -17,13 +30,13 @@ def test_notes_and_headings_go_words_stay():
               'type="annotateRef">1:1 </reference>or, <catchWord>first</catchWord></note>, '
               '<q marker="" who="Jesus">“God</q> <transChange type="added">created</transChange>.'
               '<l eID="x" level="1"/> <speaker>Beloved</speaker> &amp; more<lb/>text')
-    assert bible.clean_osis(markup) == "In the beginning, “God created. & more text"
+    assert clean_osis(markup) == "In the beginning, “God created. & more text"
 
 
 def test_inline_tags_between_letters_become_spaces():
     markup = ('<transChange type="added">enviada</transChange><w lemma="strong:G1223">por</w>'
               '<transChange type="added">medio de</transChange><w lemma="x">Febe</w>, bien')
-    assert bible.clean_osis(markup) == "enviada por medio de Febe, bien"
+    assert clean_osis(markup) == "enviada por medio de Febe, bien"
 
 
 def test_canonical_psalm_superscription_is_kept():
@@ -31,7 +44,7 @@ def test_canonical_psalm_superscription_is_kept():
               'type="psalm">A Psalm by David.</title> <lg sID="a"/> <l level="1" sID="b"/><div '
               'type="x-milestone" subType="x-preverse" eID="pv1"/>Yahweh, how <w lemma="x">my'
               '</w>  adversaries<l eID="b" level="1"/> !')
-    assert bible.clean_osis(markup) == "A Psalm by David. Yahweh, how my adversaries!"
+    assert clean_osis(markup) == "A Psalm by David. Yahweh, how my adversaries!"
 
 
 def test_verse_zero_intro_and_superscription_handling():
@@ -47,7 +60,7 @@ def test_verse_zero_intro_and_superscription_handling():
     stats = {}
     from collections import Counter
     stats = Counter()
-    verses = bible.book_verses(entries, stats=stats)
+    verses = book_verses(entries, stats=stats)
     assert verses == {(1, 1): "First verse.", (2, 1): "For the Chief Musician. Second psalm."}
     assert stats["introduction"] == 1 and stats["empty_verse"] == 1
     assert stats["superscription_from_verse_0"] == 1
@@ -56,7 +69,7 @@ def test_verse_zero_intro_and_superscription_handling():
 def test_colophon_is_stripped_from_the_last_verse_only():
     entries = {(16, 26): "Fué escrita la carta.",
                (16, 27): "Al solo Dios sabio. Amén. Fué escrita de Corinto á los Romanos."}
-    verses = bible.book_verses(entries, strip_colophons=True)
+    verses = book_verses(entries, strip_colophons=True)
     assert verses[(16, 27)] == "Al solo Dios sabio. Amén."
     assert verses[(16, 26)] == "Fué escrita la carta."
 
@@ -64,22 +77,22 @@ def test_colophon_is_stripped_from_the_last_verse_only():
 def test_parse_imp_and_book_names():
     text = ("$$$[ Module Heading ]\n\n$$$1 Peter 1:1\nPeter, an apostle\n"
             "$$$I Peter 1:2\nsecond\n$$$Revelation 1:1\nrev\n")
-    books = bible.parse_imp(text)
+    books = parse_imp(text)
     assert books == {"I Peter": {(1, 1): "Peter, an apostle", (1, 2): "second"},
                      "Revelation of John": {(1, 1): "rev"}}
 
 
 def test_book_split_is_fixed():
-    assert bible.split_of_book("1 Peter") == "dev"
-    assert bible.split_of_book("II Timothy") == "dev"
-    assert bible.split_of_book("I Corinthians") == "test"
-    assert bible.split_of_book("II Corinthians") == "train"
-    assert bible.split_of_book("John") == "test" and bible.split_of_book("I John") == "train"
-    splits = bible.split_by_book({"Ruth": [("a", "b")], "Daniel": [("c", "d")],
-                                  "Genesis": [("e", "f")]})
+    assert split_of_book("1 Peter") == "dev"
+    assert split_of_book("II Timothy") == "dev"
+    assert split_of_book("I Corinthians") == "test"
+    assert split_of_book("II Corinthians") == "train"
+    assert split_of_book("John") == "test" and split_of_book("I John") == "train"
+    splits = split_by_book({"Ruth": [("a", "b")], "Daniel": [("c", "d")],
+                            "Genesis": [("e", "f")]})
     assert splits == {"train": [("e", "f")], "dev": [("a", "b")], "test": [("c", "d")]}
-    assert not set(bible.DEV_BOOKS) & set(bible.TEST_BOOKS)
-    assert len(bible.DEV_BOOKS) == 9 and len(bible.TEST_BOOKS) == 5
+    assert not set(DEV_BOOKS) & set(TEST_BOOKS)
+    assert len(DEV_BOOKS) == 9 and len(TEST_BOOKS) == 5
 
 
 # --- the aligner on constructed data -----------------------------------------------------------
@@ -98,9 +111,9 @@ def _synthetic_books(seed=0, chapters=12, verses=15, vocab=300):
 
 def _model_and_threshold(books):
     pairs = [(s[k], t[k]) for s, t in books.values() for k in s if k in t]
-    model = bible.LexicalModel(pairs)
-    wrong = bible.shifted_pairs(books, model)
-    return model, bible.calibrate_threshold(model, wrong)
+    model = LexicalModel(pairs)
+    wrong = shifted_pairs(books, model)
+    return model, calibrate_threshold(model, wrong)
 
 
 def test_lexical_model_separates_translations_from_neighbours():
@@ -122,7 +135,7 @@ def test_off_by_one_chapter_is_realigned():
     for v in range(2, 16):
         shifted[(3, v)] = true[(3, v - 1)]
     shifted[(3, 15)] = true[(3, 14)] + " " + true[(3, 15)]
-    result = bible.align_verses(src, shifted, model, threshold)
+    result = align_verses(src, shifted, model, threshold)
     got = {b.source_keys: b.target_keys for b in result.beads}
     assert got[((2, 15),)] == ((3, 1),)
     for v in range(1, 14):
@@ -143,7 +156,7 @@ def test_unalignable_verses_are_dropped_with_a_reason():
     broken = dict(tgt)
     broken[(5, 7)] = "s1 s2 s3 unrelated words here."  # a verse that translates nothing
     del broken[(6, 3)]
-    result = bible.align_verses(src, broken, model, threshold)
+    result = align_verses(src, broken, model, threshold)
     kept = {b.source_keys for b in result.beads}
     assert ((5, 7),) not in kept and ((6, 3),) not in kept
     reasons = {(d["key"], d["reason"]) for d in result.drops}
@@ -158,7 +171,7 @@ def test_align_books_report_counts_add_up():
     for v in range(1, 15):
         shifted[(4, v)] = tgt[(4, v + 1)]
     del shifted[(4, 15)]
-    result = bible.align_books({"B": (src, shifted)})
+    result = align_books({"B": (src, shifted)})
     report = result.report
     assert report["aligned_pairs"] == len(result.pairs["B"])
     assert report["realigned_pairs"] == 14
@@ -171,8 +184,8 @@ def test_align_books_report_counts_add_up():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mod2imp") is None, reason="mod2imp (libsword-utils) missing")
 def test_real_bible_pipeline(tmp_path):
-    from aiayn.pipeline.data import corpus
     from aiayn.pipeline.config import load_config
+    from aiayn.pipeline.data import corpus
 
     cfg = load_config(["tiny"], [f"data.data_dir={tmp_path}"])
     report = corpus.prepare_data(cfg)
@@ -197,9 +210,8 @@ def test_real_bible_pipeline(tmp_path):
     assert "13" in full["books"]["Numbers"]["chapters"]
     assert "2" in full["books"]["Jonah"]["chapters"]
     # No held-out book leaks into train: compare sets of verse texts by book.
-    src = bible.parse_imp(bible.run_mod2imp(bible.SOURCE_MODULE))
-    held = {bible.clean_osis(m) for b in bible.DEV_BOOKS + bible.TEST_BOOKS
-            for m in src[b].values()}
+    src = parse_imp(run_mod2imp(SOURCE_MODULE))
+    held = {clean_osis(m) for b in DEV_BOOKS + TEST_BOOKS for m in src[b].values()}
     held.discard("")
     train_sources = {s for s, _ in corpus.read_tsv_pairs(corpus.split_path(cfg, "train"))}
     assert len(train_sources & held) < 0.01 * len(held)  # only identical verses elsewhere

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from aiayn.pipeline.data import corpus
 from aiayn.pipeline.config import load_config
-from aiayn.pipeline.data.corpus import CorpusError, Drops
+from aiayn.pipeline.data import corpus, readers
+from aiayn.pipeline.data.readers import CorpusError, Drops
 
 
 def _cfg(tmp_path, **data):
@@ -31,7 +31,7 @@ def _tsv(tmp_path, pairs=GOOD, name="c.tsv"):
 
 def test_tsv_reads_and_normalises_whitespace(tmp_path):
     path = _write(tmp_path / "a.tsv", "  Hello   world \t Hola\u00a0 mundo\r\nA b\tC  d\n")
-    assert corpus.read_tsv(path) == [("Hello world", "Hola mundo"), ("A b", "C d")]
+    assert readers.read_tsv(path) == [("Hello world", "Hola mundo"), ("A b", "C d")]
 
 
 @pytest.mark.parametrize("line,found", [("no tab here", 0), ("a\tb\tc", 2)])
@@ -39,36 +39,36 @@ def test_tsv_line_without_exactly_one_tab(tmp_path, line, found):
     path = _write(tmp_path / "a.tsv", f"x\ty\n{line}\n")
     with pytest.raises(CorpusError, match=rf"a\.tsv:2: expected exactly one tab .* found {found}"
                                           r".*data\.on_error=skip"):
-        corpus.read_tsv(path)
+        readers.read_tsv(path)
 
 
 def test_tsv_invalid_utf8_names_line_and_byte(tmp_path):
     path = _write(tmp_path / "a.tsv", b"ok\tbien\nbad \xff byte\tmal\n")
     with pytest.raises(CorpusError, match=r"a\.tsv:2: invalid UTF-8 .* byte 4 of the line "
                                           r"\(byte offset 12 in the file\).*iconv"):
-        corpus.read_tsv(path)
+        readers.read_tsv(path)
 
 
 def test_tsv_empty_side(tmp_path):
     path = _write(tmp_path / "a.tsv", "ok\tbien\nonly source\t   \n")
     with pytest.raises(CorpusError, match=r"a\.tsv:2: the target side is empty"):
-        corpus.read_tsv(path)
+        readers.read_tsv(path)
 
 
 def test_absurd_length_ratio(tmp_path):
     path = _write(tmp_path / "a.tsv", f"short\t{'a much longer side ' * 5}\n")
     with pytest.raises(CorpusError, match=r"a\.tsv:1: absurd length ratio: source has 5 "
                                           r"characters.*data\.max_length_ratio=3"):
-        corpus.read_tsv(path, max_length_ratio=3.0)
+        readers.read_tsv(path, max_length_ratio=3.0)
     # Short pairs are never flagged.
-    assert corpus.read_tsv(_write(tmp_path / "b.tsv", "Amen.\tAsí sea.\n"), max_length_ratio=1.1)
+    assert readers.read_tsv(_write(tmp_path / "b.tsv", "Amen.\tAsí sea.\n"), max_length_ratio=1.1)
 
 
 def test_skip_mode_counts_every_drop_by_reason(tmp_path):
     path = _write(tmp_path / "a.tsv", b"good one\tbuena\nno tab\n\xff\tx\n\tempty\n"
                                       b"x\t" + b"y" * 100 + b"\nlast\tultima\n")
     drops = Drops("skip")
-    pairs = corpus.read_tsv(path, drops, max_length_ratio=3.0)
+    pairs = readers.read_tsv(path, drops, max_length_ratio=3.0)
     assert pairs == [("good one", "buena"), ("last", "ultima")]
     assert dict(drops.counts) == {"bad_tsv_line": 1, "invalid_utf8": 1, "empty_side": 1,
                                   "length_ratio": 1}
@@ -77,7 +77,7 @@ def test_skip_mode_counts_every_drop_by_reason(tmp_path):
 
 def test_missing_file(tmp_path):
     with pytest.raises(CorpusError, match=r"does not exist"):
-        corpus.read_tsv(tmp_path / "nope.tsv")
+        readers.read_tsv(tmp_path / "nope.tsv")
 
 
 # --- line-aligned files ------------------------------------------------------------------------
@@ -86,26 +86,26 @@ def test_text_pair_by_prefix_and_by_two_paths(tmp_path):
     _write(tmp_path / "train.en", "one\ntwo\n")
     _write(tmp_path / "train.es", "uno\ndos\n")
     expected = [("one", "uno"), ("two", "dos")]
-    assert corpus.read_corpus(str(tmp_path / "train")) == expected
+    assert readers.read_corpus(str(tmp_path / "train")) == expected
     spec = f"{tmp_path / 'train.en'},{tmp_path / 'train.es'}"
-    assert corpus.detect_format(spec) == "text"
-    assert corpus.read_corpus(spec) == expected
+    assert readers.detect_format(spec) == "text"
+    assert readers.read_corpus(spec) == expected
 
 
 def test_text_pair_different_line_counts_is_an_error_even_when_skipping(tmp_path):
     src = _write(tmp_path / "train.en", "one\ntwo\nthree\n")
     tgt = _write(tmp_path / "train.es", "uno\ndos\n")
     with pytest.raises(CorpusError, match=r"train\.en has 3 lines, .*train\.es has 2"):
-        corpus.read_text_pair(src, tgt, Drops("skip"))
+        readers.read_text_pair(src, tgt, Drops("skip"))
 
 
 def test_text_pair_bad_lines(tmp_path):
     src = _write(tmp_path / "t.en", b"one\n\ntwo\n")
     tgt = _write(tmp_path / "t.es", b"uno\nvacio\nd\xe9s\n")
     with pytest.raises(CorpusError, match=r"t\.en:2 / .*t\.es:2: the source side is empty"):
-        corpus.read_text_pair(src, tgt)
+        readers.read_text_pair(src, tgt)
     drops = Drops("skip")
-    assert corpus.read_text_pair(src, tgt, drops) == [("one", "uno")]
+    assert readers.read_text_pair(src, tgt, drops) == [("one", "uno")]
     assert dict(drops.counts) == {"empty_side": 1, "invalid_utf8": 1}
     assert "t.es:3" in drops.examples["invalid_utf8"]
 
@@ -133,9 +133,9 @@ def test_tfrecord_plain_and_gzip(tmp_path, gzip):
     split_dir.mkdir()
     name = "data_tfrecord-00000-of-00001" + (".gz" if gzip else "")
     _write_tfrecord(split_dir / name, GOOD[:3], gzip)
-    assert corpus.detect_format(str(split_dir)) == "tfrecord"
-    assert corpus.read_corpus(str(split_dir)) == GOOD[:3]
-    assert corpus.read_corpus(str(split_dir / name)) == GOOD[:3]
+    assert readers.detect_format(str(split_dir)) == "tfrecord"
+    assert readers.read_corpus(str(split_dir)) == GOOD[:3]
+    assert readers.read_corpus(str(split_dir / name)) == GOOD[:3]
 
 
 def test_tfrecord_missing_feature_and_bad_utf8(tmp_path):
@@ -143,21 +143,21 @@ def test_tfrecord_missing_feature_and_bad_utf8(tmp_path):
                            extra={"src": "a", "tgt": "b"})
     with pytest.raises(CorpusError, match=r"x\.tfrecord: record 1: no bytes feature 'source' "
                                           r"\(features present: \['src', 'tgt'\]\)"):
-        corpus.read_tfrecord(str(path))
+        readers.read_tfrecord(str(path))
     path = _write_tfrecord(tmp_path / "y.tfrecord", [(b"ok\xff", b"bien")], True)
     with pytest.raises(CorpusError, match=r"y\.tfrecord: record 1: invalid UTF-8 in the "
                                           r"'source' feature at byte 2"):
-        corpus.read_tfrecord(str(path))
+        readers.read_tfrecord(str(path))
 
 
 def test_tfds_without_package_or_data_is_a_clear_error(tmp_path):
     with pytest.raises(CorpusError, match=r"tensorflow.datasets|not prepared|TFDS dataset"):
-        corpus.read_corpus("tfds:definitely_not_a_dataset_xyz")
+        readers.read_corpus("tfds:definitely_not_a_dataset_xyz")
 
 
 def test_unknown_corpus_path(tmp_path):
     with pytest.raises(CorpusError, match=r"not found .*prefix of line-aligned files"):
-        corpus.detect_format(str(tmp_path / "nothing"))
+        readers.detect_format(str(tmp_path / "nothing"))
 
 
 # --- prepare_data ------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_custom_config_errors_name_the_problem():
 def test_tfx_data_writes_example_gen_input(tmp_path, toy_pairs):
     import tensorflow as tf
 
-    from aiayn.pipeline.data.corpus import read_tfrecord
+    from aiayn.pipeline.data.readers import read_tfrecord
     from aiayn.pipeline.tfx.examples import INPUT_SPLITS, write_example_gen_input
 
     tsv = tmp_path / "corpus.tsv"

@@ -114,7 +114,7 @@ def read_split(patterns: Sequence[str], max_length_ratio: float, scratch: Path,
     Raises:
       UserInputError: no patterns, no files, a record without ``source``/``target``, or no pairs.
     """
-    from aiayn.pipeline.data.corpus import Drops, read_tfrecord
+    from aiayn.pipeline.data.readers import Drops, read_tfrecord
 
     if not patterns:
         raise UserInputError(f"The Trainer got no {what} files (FnArgs.{what}_files is empty); "
