@@ -50,6 +50,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from aiayn.export.codec import texts_proto, to_python
 from aiayn.export.fileio import atomic_write
 from aiayn.models.limits import source_limit
 
@@ -319,8 +320,7 @@ def write_warmup_requests(path: str | os.PathLike, model_name: str, texts: Seque
             request = predict_pb2.PredictRequest()
             request.model_spec.name = model_name
             request.model_spec.signature_name = signature
-            request.inputs[INPUT_KEY].CopyFrom(
-                tf.make_tensor_proto([t.encode("utf-8") for t in batch], dtype=tf.string))
+            request.inputs[INPUT_KEY].CopyFrom(texts_proto(batch))
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
@@ -362,13 +362,7 @@ def _next_version(model_dir: Path, requested: int) -> int:
 
 
 def _jsonable(outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    out = {}
-    for key, value in outputs.items():
-        if value.dtype == object:
-            out[key] = np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(value).tolist()
-        else:
-            out[key] = value.tolist()
-    return out
+    return {key: to_python(value) for key, value in outputs.items()}
 
 
 def export_saved_model(model: Any, tokenizer: Any, base_dir: str | os.PathLike,

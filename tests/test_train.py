@@ -12,6 +12,7 @@ keras = pytest.importorskip("keras")
 
 from aiayn.pipeline.training import callbacks as cb  # noqa: E402
 from aiayn.pipeline.training import artifacts  # noqa: E402
+from aiayn.pipeline.training import averaging, recipe  # noqa: E402
 from aiayn.pipeline.training import train as train_lib  # noqa: E402
 from aiayn.pipeline.config import load_config  # noqa: E402
 
@@ -24,7 +25,7 @@ def _paper_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float
 def test_optimizer_is_the_papers_adam_on_the_warmup_schedule():
     cfg = load_config(["tiny"], ["model.hidden_dim=64", "train.warmup_steps=100",
                                  "train.learning_rate_scale=2.0"])
-    opt = train_lib.make_optimizer(cfg)
+    opt = recipe.make_optimizer(cfg)
     assert (opt.beta_1, opt.beta_2, opt.epsilon) == (0.9, 0.98, 1e-9)
     assert opt.gradient_accumulation_steps is None
     for step in (0, 49, 99, 399, 9999):
@@ -35,7 +36,7 @@ def test_optimizer_is_the_papers_adam_on_the_warmup_schedule():
 def test_gradient_accumulation_feeds_the_schedule_update_steps():
     cfg = load_config(["tiny"], ["model.hidden_dim=64", "train.warmup_steps=100",
                                  "train.gradient_accumulation_steps=4"])
-    opt = train_lib.make_optimizer(cfg)
+    opt = recipe.make_optimizer(cfg)
     assert opt.gradient_accumulation_steps == 4
     # Keras passes the micro-batch counter; the schedule must see micro_batches // 4.
     for micro_batches in (0, 3, 4, 401, 4000):
@@ -48,7 +49,7 @@ def test_gradient_accumulation_feeds_the_schedule_update_steps():
 
 def test_compiled_loss_is_label_smoothed_and_ignores_padding():
     cfg = load_config(["tiny"], ["train.label_smoothing=0.2"])
-    loss, metrics = train_lib.make_loss_and_metrics(cfg, pad_id=3)
+    loss, metrics = recipe.make_loss_and_metrics(cfg, pad_id=3)
     logits = np.random.default_rng(1).normal(size=(2, 4, 6)).astype("float32")
     labels = np.array([[1, 2, 3, 3], [5, 3, 3, 3]])  # 3 = pad
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -120,7 +121,7 @@ def test_tiny_run_chooses_final_weights_between_last_and_average(tiny_run):
     tokenizer = load_tokenizer(cfg)
     final, chosen_model = build_model(cfg, tokenizer), build_model(cfg, tokenizer)
     artifacts.load_model_weights(final, run_dir / "final.weights.h5")
-    train_lib.average_weight_files(chosen_model, report["candidates"][chosen]["files"])
+    averaging.average_weight_files(chosen_model, report["candidates"][chosen]["files"])
     for a, b in zip(final.weights, chosen_model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
@@ -137,7 +138,7 @@ def test_average_command_and_evaluate_on_the_tiny_run(tiny_run):
 
     from aiayn.pipeline.evaluation.evaluate import evaluate_run
 
-    report = train_lib.average_checkpoints_for_run(cfg)
+    report = averaging.average_checkpoints_for_run(cfg)
     assert report["chosen"] in report["candidates"]
     result = evaluate_run(cfg, split="test")
     run_dir = Path(cfg.train.run_dir)

@@ -48,15 +48,6 @@ def current_learning_rate(model: keras.Model) -> float:
     return float(keras.ops.convert_to_numpy(lr))
 
 
-def tensorboard_available() -> bool:
-    """TensorBoard summaries need the `tensorboard` package (not a TensorFlow dependency)."""
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _fmt_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -239,7 +230,7 @@ class ProgressLogger(keras.callbacks.Callback):
         self._rate_time = 0.0
 
     def on_train_begin(self, logs=None):
-        if self.summary_dir and tensorboard_available():
+        if self.summary_dir:
             self.writer = tf.summary.create_file_writer(str(self.summary_dir))
         self.start_step = current_step(self.model)
         self._session_start = time.monotonic()
@@ -388,7 +379,7 @@ class DevEvaluator(keras.callbacks.Callback):
             self._recompute_best()
         if self.best_path and self.best_step < 0 and self.best_path.exists() and self.write:
             self.best_path.unlink()
-        if self.summary_dir and tensorboard_available():
+        if self.summary_dir:
             self.writer = tf.summary.create_file_writer(str(self.summary_dir))
         self._last_eval_step = step if self.results and self.results[-1]["step"] == step else -1
 

@@ -177,10 +177,7 @@ class _Session:
             self.evaluator = self._dev_evaluator()
             callbacks.append(self.evaluator)
         callbacks.append(self.progress)
-        if self.chief and not cb.tensorboard_available():
-            self.stream.write("note: the `tensorboard` package is not installed; TensorBoard "
-                              "logs are off (history.json/.csv still record every metric).\n")
-        elif self.chief:
+        if self.chief:  # tensorboard is a dependency of the project
             callbacks.append(keras.callbacks.TensorBoard(
                 str(self.files.tensorboard), update_freq=self.progress.log_every,
                 write_graph=False))
