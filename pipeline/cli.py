@@ -96,12 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _os_error_text(err: OSError) -> str:
-    where = f" {err.filename}" if err.filename else ""
     fix = {IsADirectoryError: " (a directory was given where a file is expected)",
            NotADirectoryError: " (a file was given where a directory is expected)",
            PermissionError: " (check the permissions, or choose another path)",
            FileNotFoundError: " (check the path)"}.get(type(err), "")
-    return f"{err.strerror or err}:{where}{fix}"
+    if err.strerror is None:  # raised with a message of its own, e.g. FileNotFoundError("...")
+        return f"{err}{fix}"
+    where = f": {err.filename}" if err.filename else ""
+    return f"{err.strerror}{where}{fix}"
+
+
+def _one_line(message: object) -> str:
+    """The error as ONE line: a multi-line message (a child process's stderr, a list of problems)
+    keeps its first line and its `- item` lines, else its last line (the exception)."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else str(message).strip()
+    items = [line[2:] for line in lines[1:] if line.startswith("- ")]
+    return f"{lines[0].rstrip(':')}: {'; '.join(items) if items else lines[-1]}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,13 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except config_lib.ConfigError as err:
-        print(f"aiayn {args.command}: configuration error: {err}", file=sys.stderr)
+        print(f"aiayn {args.command}: configuration error: {_one_line(err)}", file=sys.stderr)
         return 2
     except UserInputError as err:
-        print(f"aiayn {args.command}: error: {err}", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # an unreadable, missing or unwritable path the user gave
-        print(f"aiayn {args.command}: error: {_os_error_text(err)}", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {_one_line(_os_error_text(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"aiayn {args.command}: interrupted.", file=sys.stderr)

@@ -204,8 +204,12 @@ def _read_preset(name: str) -> dict[str, Any]:
         )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from err
+    except yaml.YAMLError as err:  # one line: where, and what the parser expected
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}. Fix the file's syntax."
+                          ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}.")
     data.pop("preset", None)
@@ -352,6 +356,20 @@ def load_config(presets: Sequence[str] | str = ("small",),
 def validate(cfg: Config) -> None:
     """Cross-field checks that a single field's type cannot express."""
     m = cfg.model
+    for name, value in (("model.num_layers", m.num_layers), ("model.hidden_dim", m.hidden_dim),
+                        ("model.intermediate_dim", m.intermediate_dim),
+                        ("model.num_heads", m.num_heads), ("data.vocab_size", cfg.data.vocab_size),
+                        ("data.token_budget", cfg.data.token_budget),
+                        ("data.max_length", cfg.data.max_length),
+                        ("train.steps", cfg.train.steps),
+                        ("train.steps_per_epoch", cfg.train.steps_per_epoch),
+                        ("decode.beam_size", cfg.decode.beam_size),
+                        ("decode.batch_size", cfg.decode.batch_size),
+                        ("export.max_batch_size", cfg.export.max_batch_size),
+                        ("train.gradient_accumulation_steps",
+                         cfg.train.gradient_accumulation_steps)):
+        if value < 1:  # before the divisions below
+            raise ConfigError(f"`{name}` must be at least 1; got {value}.")
     if m.hidden_dim % m.num_heads:
         raise ConfigError(
             "`model.num_heads` must divide `model.hidden_dim`. Received: "
@@ -366,14 +384,6 @@ def validate(cfg: Config) -> None:
                         ("train.label_smoothing", cfg.train.label_smoothing)):
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"`{name}` must be in [0, 1); got {value}.")
-    for name, value in (("model.num_layers", m.num_layers), ("data.vocab_size", cfg.data.vocab_size),
-                        ("data.token_budget", cfg.data.token_budget),
-                        ("data.max_length", cfg.data.max_length),
-                        ("decode.beam_size", cfg.decode.beam_size),
-                        ("train.gradient_accumulation_steps",
-                         cfg.train.gradient_accumulation_steps)):
-        if value < 1:
-            raise ConfigError(f"`{name}` must be at least 1; got {value}.")
     if cfg.data.token_budget < cfg.data.max_length:
         raise ConfigError(
             f"`data.token_budget` ({cfg.data.token_budget}) must be at least `data.max_length` "

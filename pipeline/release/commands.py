@@ -13,7 +13,6 @@ Handlers import the library lazily so that ``aiayn --help`` answers without load
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
@@ -126,6 +125,10 @@ def _cmd_translate(args: argparse.Namespace, cfg) -> None:
             results += client.translate(texts[start:start + batch], n_best=args.n_best)
     except ServingClientError as err:
         raise UserInputError(f"the server refused the request: {err}") from None
+    except FileNotFoundError as err:  # a directory without a SavedModel
+        raise UserInputError(f"{err} Pass --export with a version directory such as "
+                             f"{Path(cfg.export.base_dir) / cfg.export.model_name / '1'}, "
+                             "or run `aiayn export` first.") from None
     except ValueError as err:
         raise UserInputError(str(err)) from None
     for i, result in enumerate(results):
@@ -234,11 +237,16 @@ def _cmd_verify(args: argparse.Namespace, cfg) -> dict[str, Any]:
         path = path / str(versions[-1])
     try:
         report = verify_export(path)
-    except (VerificationError, FileNotFoundError) as err:
+    except FileNotFoundError as err:
         raise UserInputError(str(err)) from None
+    except VerificationError as err:  # the child's stderr: the CLI keeps its last line
+        raise UserInputError(f"{path} failed verification (re-export it with `aiayn export`, or "
+                             f"pass --export with another version): {err}") from None
     print(report.signature_text)
     if not report.ok:
-        raise UserInputError(json.dumps(report.summary(), indent=2))
+        raise UserInputError(f"{path} failed verification: {'; '.join(report.problems)}. The "
+                             "stock model server would not serve it as-is; re-export it with "
+                             "`aiayn export`.")
     return report.summary()
 
 

@@ -161,17 +161,35 @@ def resolve_weights(cfg: Config, weights: str | os.PathLike | None) -> Path:
     return path
 
 
+def weights_load_error(path: str | os.PathLike, err: Exception,
+                       run_config: Path | None = None) -> UserInputError:
+    """One line for a weights file that :func:`load_model_weights` could not load: ``OSError``
+    (not HDF5, truncated) or Keras's ``ValueError`` (the layers or shapes of another config)."""
+    if isinstance(err, OSError):
+        return UserInputError(f"Cannot read weights file {path}: {' '.join(str(err).split())}. "
+                              "Pass a .weights.h5 file written by `aiayn train` for this run.")
+    reason = (str(err).strip() or type(err).__name__).splitlines()[0]
+    reason = re.split(r"\.\s+Example error message", reason)[0].rstrip(":.")
+    where = f" ({run_config})" if run_config else ""
+    return UserInputError(f"Weights file {path} does not fit the model of this config ({reason}). "
+                          f"Use the preset and --set overrides the run was trained with{where}.")
+
+
 def load_trained_model(cfg: Config, weights: str | os.PathLike | None = None,
                        dtype: str | None = "float32") -> tuple[keras.Model, SubwordTokenizer, Path]:
     """The run's tokenizer and model with its trained weights (float32 by default).
 
     Raises:
-      UserInputError: the vocabulary or the weights file is missing.
+      UserInputError: the vocabulary or the weights file is missing, unreadable, or holds the
+        weights of another model configuration.
     """
     path = resolve_weights(cfg, weights)
     tokenizer = load_tokenizer(cfg)
     model = build_model(cfg, tokenizer, dtype=dtype)
-    load_model_weights(model, path)
+    try:
+        load_model_weights(model, path)
+    except (OSError, ValueError) as err:
+        raise weights_load_error(path, err, RunFiles.of(cfg).config) from None
     return model, tokenizer, path
 
 

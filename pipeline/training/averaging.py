@@ -23,7 +23,7 @@ from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.training.artifacts import (RunFiles, build_model, dev_sample, list_checkpoints,
                                                load_model_weights, load_tokenizer,
-                                               save_model_weights)
+                                               save_model_weights, weights_load_error)
 from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
 
 
@@ -44,7 +44,10 @@ def average_weight_files(model: keras.Model, paths: Sequence[str | os.PathLike])
     variables = [v for v in model.weights if not v.path.endswith("seed_generator_state")]
     sums: list[np.ndarray | None] = [None] * len(variables)
     for path in paths:
-        load_model_weights(model, path)
+        try:
+            load_model_weights(model, path)
+        except (OSError, ValueError) as err:  # a damaged checkpoint, or another config's
+            raise weights_load_error(path, err) from None
         for i, v in enumerate(variables):
             value = keras.ops.convert_to_numpy(v)
             if not np.issubdtype(value.dtype, np.floating):
