@@ -2,7 +2,8 @@
 
 A random-weight `small` Transformer translates a batch of 64 random source sentences. The
 uncached decoder is the TensorFlow tutorial's Translator: at every step it re-runs the whole
-model (encoder and decoder) over the prefix and keeps the last position's logits. Both are forced to emit exactly the same number of
+model (encoder and decoder) over the prefix and keeps the last position's logits. Both are
+forced to emit exactly the same number of
 tokens (an EOS id that never matches). Prints a table, then one JSON line.
 
     .venv/bin/python bench/decode.py [--tokens 50] [--batch 64] [--source-length 20]

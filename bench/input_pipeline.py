@@ -1,6 +1,7 @@
 """Input-pipeline benchmark: is training ever input-bound?
 
-Runs the training tf.data pipeline (``aiayn.pipeline.data.dataset.make_train_dataset``) on the default
+Runs the training tf.data pipeline (``aiayn.pipeline.data.dataset.make_train_dataset``) on the
+default
 corpus and prints examples/s, source and target tokens/s, padding efficiency and the number of
 distinct batch shapes; then measures how many target tokens/s training consumes (a random-weight
 Transformer of the preset, ``train_on_batch`` on the pipeline's most common batch shape) and

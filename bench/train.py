@@ -44,9 +44,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from aiayn.pipeline.config import load_config  # noqa: E402
 from aiayn.pipeline.training import callbacks as cb  # noqa: E402
 from aiayn.pipeline.training import distribute  # noqa: E402
-from aiayn.pipeline.config import load_config  # noqa: E402
 
 # ------------------------------------------------------------------------------------------
 # The tutorial's model (tensorflow.org/text/tutorials/transformer), written for Keras 3.
@@ -277,9 +277,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from aiayn.models.tokenizer import SubwordTokenizer
+    from aiayn.pipeline.data.corpus import read_tsv_pairs as read_pairs
     from aiayn.pipeline.data.dataset import make_train_dataset
     from aiayn.pipeline.training.artifacts import build_model
-    from aiayn.pipeline.data.corpus import read_tsv_pairs as read_pairs
     from aiayn.pipeline.training.recipe import compile_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_train_"))

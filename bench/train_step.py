@@ -34,8 +34,7 @@ from aiayn.models.losses import MaskedLabelSmoothedCrossEntropy  # noqa: E402
 from aiayn.models.schedule import TransformerSchedule  # noqa: E402
 from aiayn.models.transformer import Transformer  # noqa: E402
 from aiayn.pipeline.config import load_config  # noqa: E402
-from aiayn.pipeline.training.distribute import (resolve_jit_compile,  # noqa: E402
-                                       resolve_mixed_precision)
+from aiayn.pipeline.training.distribute import resolve_jit_compile, resolve_mixed_precision  # noqa: E402
 
 
 # -- the tutorial-style baseline --------------------------------------------------------------

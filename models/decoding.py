@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import keras
 from keras import ops
+
 from aiayn.models.masks import update_at
 
 # A finite "minus infinity" for log-probabilities: inf - inf would give NaN.

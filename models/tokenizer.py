@@ -2,7 +2,8 @@
 
 :class:`SubwordTokenizer` wraps ``tensorflow_text.SentencepieceTokenizer``, whose op is linked into
 the stock ``tensorflow_model_server``. The serialized SentencePiece model (its vocabulary *and* its
-normaliser, ``nmt_nfkc`` as trained by ``aiayn.pipeline.data.vocab``) is carried inside the graph, so a
+normaliser, ``nmt_nfkc`` as trained by ``aiayn.pipeline.data.vocab``) is carried inside the graph,
+so a
 SavedModel that calls this object tokenises, NFKC-normalises and detokenises exactly as training
 did, with no file to ship beside it and no Python at serving time.
 
@@ -18,13 +19,13 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-IdsLike = Union[tf.Tensor, tf.RaggedTensor]
+IdsLike = tf.Tensor | tf.RaggedTensor
 
 
 class SubwordTokenizer(tf.Module):
@@ -72,12 +73,12 @@ class SubwordTokenizer(tf.Module):
         # tf.saved_model.save carries the model inside the graph.
         self._sentencepiece = self._new_op()
 
-    def _new_op(self) -> "tf_text.SentencepieceTokenizer":
+    def _new_op(self) -> tf_text.SentencepieceTokenizer:
         return tf_text.SentencepieceTokenizer(
             model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False)
 
     @property
-    def _op(self) -> "tf_text.SentencepieceTokenizer":
+    def _op(self) -> tf_text.SentencepieceTokenizer:
         """The tensorflow-text tokenizer, re-created if its resource was lost.
 
         Its SentencePiece resource is owned by the op kernel that created it, and eager
@@ -95,7 +96,7 @@ class SubwordTokenizer(tf.Module):
         return self._sentencepiece
 
     @classmethod
-    def from_file(cls, path: Union[str, os.PathLike]) -> "SubwordTokenizer":
+    def from_file(cls, path: str | os.PathLike) -> SubwordTokenizer:
         """Builds the tokenizer from a ``.model`` file.
 
         Args:
@@ -175,12 +176,13 @@ class SubwordTokenizer(tf.Module):
         """
         return self._op.id_to_string(ids)
 
-    def featurize_source(self, strings: tf.Tensor, limit: int) -> "SourceFeatures":
+    def featurize_source(self, strings: tf.Tensor, limit: int) -> SourceFeatures:
         """THE source featuriser: text to encoder inputs, for every path that translates.
 
         Evaluation, dev BLEU, checkpoint selection, ``translate --explain``, the exported
         signature and the development server's length checks all call this, with the limit of
-        :func:`aiayn.models.limits.source_limit`, so the text the model sees cannot differ between them.
+        :func:`aiayn.models.limits.source_limit`, so the text the model sees cannot differ
+        between them.
 
         In order: the input must be valid UTF-8 (an in-graph assertion, INVALID_ARGUMENT
         otherwise); it is tokenised (the model's own normaliser, no BOS/EOS on the source side);

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from aiayn.pipeline import config as config_lib
 from aiayn.pipeline.data import commands as data_commands

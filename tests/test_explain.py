@@ -1,4 +1,4 @@
-"""Attention maps, the positional-encoding plot and training curves (aiayn.pipeline.evaluation.explain)."""
+"""Attention maps, the positional-encoding plot and training curves (aiayn.pipeline.evaluation)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Imports go one way (docs/ARCHITECTURE.md): pipeline -> export -> models; inside pipeline/, a stage
-imports only earlier stages; Keras 3 only.
+"""Imports go one way (docs/ARCHITECTURE.md): pipeline -> export -> models; inside pipeline/, a
+stage imports only earlier stages; Keras 3 only.
 
 Every import form counts: ``import aiayn.x``, ``from aiayn.x import y``, ``from aiayn import x``,
 ``from aiayn.pipeline import stage``, imports inside functions, and ``importlib.import_module`` /

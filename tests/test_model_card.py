@@ -110,8 +110,8 @@ def test_card_without_any_run_files_says_what_is_missing(run_cfg):
 
 def test_every_export_carries_its_card(run_cfg, toy_tokenizer, tmp_path):
     """`publish.write_card` is what `export_model` runs before verification and publication."""
-    from aiayn.pipeline.release.model_card import read_export_card
     from aiayn.pipeline.release.export_run import write_card
+    from aiayn.pipeline.release.model_card import read_export_card
     from aiayn.pipeline.training.artifacts import build_model
 
     model = build_model(run_cfg, toy_tokenizer)

@@ -55,7 +55,8 @@ def _settings(root: Path, pairs) -> list[str]:
             # 150 steps still answer every input with EOS).
             "train.steps=300", "model.hidden_dim=64", "model.intermediate_dim=128",
             "model.dropout=0", "train.warmup_steps=50", "train.label_smoothing=0",
-            "train.steps_per_epoch=100", "train.checkpoint_every=100", "train.eval_every=0", "train.eval_max_sentences=4", "decode.max_extra_length=8",
+            "train.steps_per_epoch=100", "train.checkpoint_every=100", "train.eval_every=0",
+            "train.eval_max_sentences=4", "decode.max_extra_length=8",
             f"train.run_dir={root / 'run'}", f"export.base_dir={root / 'exports'}"]
     return ["--preset", "tiny"] + [a for s in sets for a in ("--set", s)]
 

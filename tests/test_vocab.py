@@ -7,8 +7,8 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from aiayn.pipeline.config import load_config
-from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.data.vocab import train_vocab, vocab_path
+from aiayn.pipeline.errors import UserInputError
 
 
 def _config(data_dir, *overrides):

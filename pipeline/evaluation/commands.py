@@ -6,7 +6,7 @@ Handlers import the library lazily so that ``aiayn --help`` answers without load
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 
 def _cmd_evaluate(args: argparse.Namespace, cfg):

@@ -13,8 +13,9 @@ The figures are drawn by :mod:`aiayn.pipeline.evaluation.plots` (matplotlib, imp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

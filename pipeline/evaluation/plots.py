@@ -15,8 +15,9 @@ import csv
 import json
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -208,7 +209,8 @@ def plot_training_curves(run_dir: str | Path, out_png: str | Path | None = None,
     """Writes ``<run_dir>/curves.png``: loss (training, dev), dev BLEU/chrF, learning rate.
 
     Reads the run's own log (``history.json``, else ``history.csv``, as written by
-    ``aiayn.pipeline.training.callbacks.RunHistory``); a series the run did not record (e.g. dev loss, or
+    ``aiayn.pipeline.training.callbacks.RunHistory``); a series the run did not record (e.g. dev
+    loss, or
     dev BLEU when ``train.eval_every`` is 0) gets a "not recorded" panel instead of an error.
 
     Args:

@@ -20,11 +20,12 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.fileio import atomic_write
 
 MODEL_CARD = "model_card.md"
 EXTRA_DIR = "assets.extra"

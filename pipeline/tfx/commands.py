@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _cmd_tfx_data(args: argparse.Namespace, cfg) -> dict[str, Any]:

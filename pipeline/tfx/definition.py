@@ -21,7 +21,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from aiayn.pipeline.tfx.examples import INPUT_SPLITS
 from aiayn.pipeline.tfx.trainer import RUN_FN
@@ -42,8 +43,8 @@ def create_pipeline(
     overrides: Sequence[str] = (),
     run_fn: str = RUN_FN,
     enable_cache: bool = False,
-    metadata_connection_config: Optional[Any] = None,
-    beam_pipeline_args: Optional[Sequence[str]] = None,
+    metadata_connection_config: Any | None = None,
+    beam_pipeline_args: Sequence[str] | None = None,
 ) -> Any:
     """Builds the translation pipeline.
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from aiayn.pipeline.data import corpus
 from aiayn.pipeline.config import Config
+from aiayn.pipeline.data import corpus
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_output
 

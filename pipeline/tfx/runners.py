@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.tfx.examples import default_examples_dir
 from aiayn.pipeline.tfx.definition import PIPELINE_NAME, create_pipeline
+from aiayn.pipeline.tfx.examples import default_examples_dir
 
 DEFAULT_TFX_DIR = "runs/tfx"
 

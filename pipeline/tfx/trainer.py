@@ -1,4 +1,5 @@
-"""The TFX Trainer's module: ``run_fn(fn_args)`` runs the project's own training on ExampleGen's splits.
+"""The TFX Trainer's module: ``run_fn(fn_args)`` runs the project's own training on ExampleGen's
+splits.
 
 TFX's Trainer (GenericExecutor) calls :func:`run_fn` with an ``FnArgs``; what it reads:
 
@@ -13,7 +14,8 @@ TFX's Trainer (GenericExecutor) calls :func:`run_fn` with an ``FnArgs``; what it
   ``Format-Serving``), which Pusher copies to an integer version directory TF Serving watches.
 
 Steps: the splits become ``train.tsv`` / ``dev.tsv`` (the prepared-data contract), the
-vocabulary is trained on the training split (:func:`aiayn.pipeline.data.vocab.train_vocab`), the model
+vocabulary is trained on the training split (:func:`aiayn.pipeline.data.vocab.train_vocab`), the
+model
 is trained with :func:`aiayn.pipeline.training.train.train`, and exported and verified with
 :func:`aiayn.pipeline.release.export_run.export_run`: the same serving SavedModel as ``make train``
 (tokeniser and beam search in-graph, warmup requests, config and model card in
@@ -36,8 +38,9 @@ import io
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from aiayn.pipeline import config as config_lib
 from aiayn.pipeline.config import Config
@@ -153,7 +156,8 @@ def run_fn(fn_args: Any) -> dict[str, Any]:
         ``custom_config``, ``train_steps``; ``working_dir`` optional).
 
     Returns:
-      The training summary of :func:`aiayn.pipeline.training.train.train`, plus ``serving_model_dir``.
+      The training summary of :func:`aiayn.pipeline.training.train.train`, plus
+      ``serving_model_dir``.
 
     Raises:
       UserInputError: empty splits, a bad ``custom_config``, or training that diverged.

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras import ops
+from models_helpers import BOS, EOS, PAD, make_batch, make_model
 
 from aiayn.models import decoding
-from models_helpers import BOS, EOS, PAD, make_batch, make_model
 
 # Scripted vocabulary: 0 pad, 1 bos, 2 eos, 3 a, 4 b, 5 c.
 S_PAD, S_BOS, S_EOS, A, B, C = range(6)

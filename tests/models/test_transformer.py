@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras import ops
+from models_helpers import BOS, EOS, PAD, TINY, VOCAB, make_batch, make_model
 
 from aiayn.models.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from aiayn.models.schedule import TransformerSchedule
 from aiayn.models.transformer import Transformer
 from aiayn.pipeline.config import load_config
-
-from models_helpers import BOS, EOS, PAD, TINY, VOCAB, make_batch, make_model
 
 
 def _logits(model, features, **kwargs):
