@@ -14,7 +14,7 @@ ARGS := --preset $(PRESET) $(SETS)
 
 help: ## List the targets, one line each.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
-	@echo "  Variables: PRESET=tiny|small|base|big (default small), SET='train.steps=100 decode.beam_size=1'"
+	@echo "  Variables: PRESET=tiny|small|base|big (default small), SET='train.steps=100 decode.beam_size=1 decode.n_best=1'"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -9,19 +9,31 @@ One place maps the paper's symbols to our names (Vaswani et al., 2017, Table 3):
 
 A configuration is built from presets merged right-most-wins, then ``--set`` overrides::
 
-    cfg = load_config(["small"], overrides=["train.steps=100", "decode.beam_size=1"])
+    cfg = load_config(["small"], overrides=["train.steps=100", "decode.beam_size=1",
+                                           "decode.n_best=1"])
 
 Presets are YAML files in ``pipeline/presets/`` (``tiny``, ``small``, ``base``, ``big``), or any
 path to a YAML file. Unknown keys are an error that names the valid ones.
+
+Every value is checked when the config is built (:func:`validate`), before any stage runs: each
+number against its range (``_BOUNDS``: counts >= 1, or >= 0 where 0 has a documented meaning,
+probabilities in [0, 1), floats finite, integers at most 2**31 - 1), required strings non-empty,
+and what relates fields to each other, including everything a later stage needs (decode and
+export settings, the source limit). A leading ``~`` of a path setting (``data.corpus``,
+``data.dev_corpus``, ``data.test_corpus``, ``data.data_dir``, ``train.run_dir``,
+``export.base_dir``) is expanded once, here; ``bible``, ``tfds:<name>`` and globs are kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -156,7 +168,7 @@ class Config:
         """A plain, YAML-serialisable dict (tuples become lists)."""
         return _to_plain(dataclasses.asdict(self))
 
-    def replace(self, **sections: Any) -> "Config":
+    def replace(self, **sections: Any) -> Config:
         return dataclasses.replace(self, **sections)
 
 
@@ -178,6 +190,130 @@ _VALID_CHOICES = {
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),
     ("export", "on_long_input"): ("truncate", "reject"),
 }
+
+# The largest integer a count or length may have (TensorFlow holds lengths, boundaries and
+# budgets as int32); seeds go up to 2**32 - 1 (NumPy's and SentencePiece's range).
+_INT_MAX = 2**31 - 1
+_SEED_MAX = 2**32 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bound:
+    """The valid range of a numeric field: ``low``/``high`` (inclusive unless ``*_open``), and
+    ``zero``: what 0 means, where 0 is valid although below ``low`` (or documents what 0 means)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    zero: str = ""
+
+    def allows(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.zero and value == 0:
+            return True
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        high = self.high if self.high is not None else (
+            _INT_MAX if isinstance(value, int) else None)
+        return high is None or (value < high if self.high_open else value <= high)
+
+    def text(self, integer: bool, value: Any = None) -> str:
+        """E.g. ``an integer >= 1``, ``a finite number in [0, 1)``, ``an integer >= 0 (0 = off)``.
+        """
+        kind = "an integer" if integer else "a finite number"
+        high = self.high
+        if high is None and integer and isinstance(value, int) and value > _INT_MAX:
+            high = _INT_MAX  # only worth naming when it is what the value broke
+        low = _num(self.low) if self.low is not None else None
+        if low is not None and high is not None:
+            rng = (f"in {'(' if self.low_open else '['}{low}, {_num(high)}"
+                   f"{')' if self.high_open else ']'}")
+        elif low is not None:
+            rng = f"{'>' if self.low_open else '>='} {low}"
+        else:
+            rng = f"{'<' if self.high_open else '<='} {_num(high)}"
+        if self.zero and self.low is not None and self.low > 0:
+            return f"{kind}: 0 ({self.zero}) or {rng}"
+        if self.zero:
+            return f"{kind} {rng} (0 = {self.zero})"
+        return f"{kind} {rng}"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_AT_LEAST_1 = _Bound(1)
+_PROBABILITY = _Bound(0.0, 1.0, high_open=True)
+_POSITIVE = _Bound(0.0, low_open=True)
+_SEED = _Bound(0, _SEED_MAX)
+
+# Every numeric field's valid range, checked at load (tests/test_config.py checks that every int
+# and float field has one). Where 0 has a documented meaning, `zero` says which.
+_BOUNDS: dict[tuple[str, str], _Bound] = {
+    ("data", "heldout_size"): _Bound(0),  # >= 1 where it is used: see validate()
+    ("data", "max_length_ratio"): _Bound(1.0, zero="no length-ratio check"),
+    ("data", "vocab_size"): _Bound(5),  # the 4 special pieces and at least one more
+    ("data", "character_coverage"): _Bound(0.98, 1.0),  # SentencePiece's range
+    ("data", "vocab_sample_size"): _Bound(0, zero="every sentence"),
+    ("data", "max_length"): _Bound(2),  # BOS + one target token
+    ("data", "token_budget"): _AT_LEAST_1,
+    ("data", "bucket_boundaries"): _AT_LEAST_1,  # each boundary
+    ("data", "shuffle_buffer"): _AT_LEAST_1,  # 1 = no shuffling
+    ("data", "seed"): _SEED,
+    ("model", "num_layers"): _AT_LEAST_1,
+    ("model", "hidden_dim"): _AT_LEAST_1,
+    ("model", "intermediate_dim"): _AT_LEAST_1,
+    ("model", "num_heads"): _AT_LEAST_1,
+    ("model", "dropout"): _PROBABILITY,
+    ("model", "attention_dropout"): _PROBABILITY,
+    ("model", "max_position"): _AT_LEAST_1,
+    ("model", "layer_norm_epsilon"): _POSITIVE,
+    ("train", "steps"): _AT_LEAST_1,
+    ("train", "max_minutes"): _Bound(0.0, zero="no time budget"),
+    ("train", "warmup_steps"): _AT_LEAST_1,
+    ("train", "learning_rate_scale"): _POSITIVE,
+    ("train", "beta_1"): _PROBABILITY,
+    ("train", "beta_2"): _PROBABILITY,
+    ("train", "epsilon"): _POSITIVE,
+    ("train", "label_smoothing"): _PROBABILITY,
+    ("train", "gradient_accumulation_steps"): _AT_LEAST_1,
+    ("train", "clipnorm"): _Bound(0.0, zero="no clipping"),
+    ("train", "steps_per_epoch"): _AT_LEAST_1,
+    ("train", "checkpoint_every"): _AT_LEAST_1,
+    ("train", "keep_checkpoints"): _AT_LEAST_1,
+    ("train", "average_last"): _AT_LEAST_1,
+    ("train", "eval_every"): _Bound(0, zero="no dev evaluation"),
+    ("train", "eval_max_sentences"): _Bound(0, zero="the whole dev split"),
+    ("train", "early_stopping_patience"): _Bound(0, zero="off"),
+    ("train", "seed"): _SEED,
+    ("decode", "beam_size"): _AT_LEAST_1,  # 1 = greedy search
+    ("decode", "length_penalty"): _Bound(0.0),
+    ("decode", "max_extra_length"): _Bound(0),
+    ("decode", "n_best"): _AT_LEAST_1,  # <= decode.beam_size: see validate()
+    ("decode", "batch_size"): _AT_LEAST_1,
+    ("export", "version"): _Bound(0, 2**63 - 1, zero="the next version"),
+    ("export", "max_input_tokens"): _AT_LEAST_1,
+    ("export", "max_batch_size"): _AT_LEAST_1,
+}
+
+# Path fields: a leading `~` is expanded once, when the config is built (build_config).
+_PATH_FIELDS = (("data", "corpus"), ("data", "dev_corpus"), ("data", "test_corpus"),
+                ("data", "data_dir"), ("train", "run_dir"), ("export", "base_dir"))
+# Settings that must not be empty, and why.
+_REQUIRED_STRINGS = {
+    ("data", "corpus"): "a corpus: 'bible', a path, a glob or tfds:<name>",
+    ("data", "data_dir"): "a directory for the prepared data",
+    ("data", "source_lang"): "a language code, e.g. en",
+    ("data", "target_lang"): "a language code, e.g. es",
+    ("train", "run_dir"): "a run directory",
+    ("export", "base_dir"): "the directory exports go to",
+    ("export", "model_name"): "a model name, e.g. translate",
+}
+# As export/saved_model.py requires (a directory name and a URL path segment).
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def _to_plain(value: Any) -> Any:
@@ -247,14 +383,21 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+def _expected(section: str, key: str, integer: bool) -> str:
+    bound = _BOUNDS.get((section, key))
+    if bound is None:
+        return "an integer" if integer else "a finite number"
+    return bound.text(integer)
+
+
 def _coerce(section: str, key: str, value: Any, typ: Any, origin: str) -> Any:
     """Converts a YAML or command-line value to the field's declared type, or raises."""
-    where = f"{origin}: {section}.{key}"
+    where = f"{origin}: `{section}.{key}`"
     if typing.get_origin(typ) is tuple:
         if isinstance(value, str):
             value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} must be a list, got {value!r}.")
+            raise ConfigError(f"{where} must be a list; got {value!r}.")
         (item_type, _) = typing.get_args(typ)
         return tuple(_coerce(section, key, v, item_type, origin) for v in value)
     if typ is bool:
@@ -262,31 +405,43 @@ def _coerce(section: str, key: str, value: Any, typ: Any, origin: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{where} must be true or false, got {value!r}.")
+        raise ConfigError(f"{where} must be true or false; got {value!r}.")
     if typ is int:
+        expected = _expected(section, key, integer=True)
         if isinstance(value, bool):
-            raise ConfigError(f"{where} must be an integer, got {value!r}.")
+            raise ConfigError(f"{where} must be {expected}; got {value!r}.")
+        if isinstance(value, int):
+            return value
+        text = value.strip().replace("_", "") if isinstance(value, str) else value
+        if isinstance(text, str) and re.fullmatch(r"[+-]?\d+", text):
+            return int(text)  # exactly, however long (the range check follows in validate)
         try:
-            if isinstance(value, str):
-                value = value.replace("_", "")
-            as_float = float(value)
-            if as_float != int(as_float):
-                raise ValueError
-            return int(as_float)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be an integer, got {value!r}.") from None
+            as_float = float(text)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{where} must be {expected}; got {value!r}.") from None
+        if not math.isfinite(as_float):  # "1e400" parses to inf
+            raise ConfigError(f"{where} must be {expected}; got {value!r}, which is not a finite "
+                              "number.")
+        if as_float != int(as_float):
+            raise ConfigError(f"{where} must be {expected} (a whole number); got {value!r}.")
+        return int(as_float)
     if typ is float:
+        expected = _expected(section, key, integer=False)
         if isinstance(value, bool):
-            raise ConfigError(f"{where} must be a number, got {value!r}.")
+            raise ConfigError(f"{where} must be {expected}; got {value!r}.")
         try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, got {value!r}.") from None
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{where} must be {expected}; got {value!r}.") from None
+        if not math.isfinite(number):  # "1e400" parses to inf
+            raise ConfigError(f"{where} must be {expected}; got {value!r}, which is not a finite "
+                              "number.")
+        return number
     if typ is str:
         if isinstance(value, bool):
             value = "true" if value else "false"
         if not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{where} must be a string, got {value!r}.")
+            raise ConfigError(f"{where} must be a string; got {value!r}.")
         value = str(value)
         choices = _VALID_CHOICES.get((section, key))
         if choices and value not in choices:
@@ -320,6 +475,9 @@ def build_config(values: Mapping[str, Mapping[str, Any]], origin: str = "config"
         types = _field_types(cls)
         given = values.get(section, {})
         kwargs = {k: _coerce(section, k, v, types[k], origin) for k, v in given.items()}
+        for k, v in kwargs.items():
+            if (section, k) in _PATH_FIELDS:
+                kwargs[k] = expand_path_setting(v)
         sections[section] = cls(**kwargs)
     cfg = Config(preset=preset, **sections)
     validate(cfg)
@@ -353,23 +511,51 @@ def load_config(presets: Sequence[str] | str = ("small",),
     return build_config(merged, origin="config", preset="+".join(presets))
 
 
+def expand_path_setting(value: str) -> str:
+    """Expands a leading ``~`` of a path setting (each part of ``a,b``); keeps ``bible``,
+    ``tfds:<name>`` and glob characters as they are."""
+    if not value or value == "bible" or value.startswith("tfds:") or "~" not in value:
+        return value
+    if "," in value:
+        return ",".join(os.path.expanduser(part.strip()) if part.strip().startswith("~")
+                        else part for part in value.split(","))
+    return os.path.expanduser(value)
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Every numeric field inside its range (``_BOUNDS``); every required string non-empty."""
+    for section, cls in _SECTION_CLASSES.items():
+        values = getattr(cfg, section)
+        for name, typ in _field_types(cls).items():
+            value, field = getattr(values, name), f"{section}.{name}"
+            bound = _BOUNDS.get((section, name))
+            if bound is not None:
+                integer = typ is int or typing.get_origin(typ) is tuple
+                for item in (value if isinstance(value, tuple) else (value,)):
+                    if bound.allows(item):
+                        continue
+                    got = _num(item) if isinstance(item, float) else item
+                    if isinstance(value, tuple):
+                        raise ConfigError(f"`{field}`: each entry must be "
+                                          f"{bound.text(integer, item)}; got {got} in "
+                                          f"{list(value)}.")
+                    raise ConfigError(f"`{field}` must be {bound.text(integer, item)}; got {got}.")
+            need = _REQUIRED_STRINGS.get((section, name))
+            if need and not str(value).strip():
+                raise ConfigError(f"`{field}` must not be empty: give {need}.")
+
+
 def validate(cfg: Config) -> None:
-    """Cross-field checks that a single field's type cannot express."""
-    m = cfg.model
-    for name, value in (("model.num_layers", m.num_layers), ("model.hidden_dim", m.hidden_dim),
-                        ("model.intermediate_dim", m.intermediate_dim),
-                        ("model.num_heads", m.num_heads), ("data.vocab_size", cfg.data.vocab_size),
-                        ("data.token_budget", cfg.data.token_budget),
-                        ("data.max_length", cfg.data.max_length),
-                        ("train.steps", cfg.train.steps),
-                        ("train.steps_per_epoch", cfg.train.steps_per_epoch),
-                        ("decode.beam_size", cfg.decode.beam_size),
-                        ("decode.batch_size", cfg.decode.batch_size),
-                        ("export.max_batch_size", cfg.export.max_batch_size),
-                        ("train.gradient_accumulation_steps",
-                         cfg.train.gradient_accumulation_steps)):
-        if value < 1:  # before the divisions below
-            raise ConfigError(f"`{name}` must be at least 1; got {value}.")
+    """Checks every value at load: each field's range, then what relates fields to each other.
+
+    Everything a later stage needs (decode and export settings, the source limit) is checked
+    here, so a bad setting fails before any data is prepared or any step trained.
+
+    Raises:
+      ConfigError: the first bad setting, naming the field, the value and the valid range.
+    """
+    _check_ranges(cfg)  # before the divisions below
+    d, m, t = cfg.data, cfg.model, cfg.train
     if m.hidden_dim % m.num_heads:
         raise ConfigError(
             "`model.num_heads` must divide `model.hidden_dim`. Received: "
@@ -379,26 +565,46 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"`model.hidden_dim` must be even for the sinusoidal encoding; got {m.hidden_dim}."
         )
-    for name, value in (("model.dropout", m.dropout),
-                        ("model.attention_dropout", m.attention_dropout),
-                        ("train.label_smoothing", cfg.train.label_smoothing)):
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"`{name}` must be in [0, 1); got {value}.")
-    if cfg.data.token_budget < cfg.data.max_length:
+    if d.token_budget < d.max_length:
         raise ConfigError(
-            f"`data.token_budget` ({cfg.data.token_budget}) must be at least `data.max_length` "
-            f"({cfg.data.max_length}) so that the longest pair fits in a batch."
+            f"`data.token_budget` ({d.token_budget}) must be at least `data.max_length` "
+            f"({d.max_length}) so that the longest pair fits in a batch."
         )
-    bounds = cfg.data.bucket_boundaries
-    if list(bounds) != sorted(set(bounds)) or (bounds and bounds[0] < 1):
+    bounds = d.bucket_boundaries
+    if list(bounds) != sorted(set(bounds)):
         raise ConfigError(
             f"`data.bucket_boundaries` must be strictly increasing positive integers; got {bounds}."
         )
+    for name in ("source_lang", "target_lang"):
+        code = getattr(d, name)
+        if not re.fullmatch(r"[A-Za-z0-9_.@-]+", code):
+            raise ConfigError(f"`data.{name}` must be a language code such as en, pt-BR or "
+                              f"sr@latin (no spaces or slashes); got {code!r}.")
+    if d.corpus != "bible":
+        if bool(d.dev_corpus) != bool(d.test_corpus):
+            raise ConfigError(
+                "`data.dev_corpus` and `data.test_corpus` go together: give both, or neither "
+                f"(then data.heldout_size pairs each are held out); got dev_corpus="
+                f"{d.dev_corpus!r}, test_corpus={d.test_corpus!r}.")
+        if not d.dev_corpus and d.heldout_size < 1:
+            raise ConfigError(
+                f"`data.heldout_size` must be an integer >= 1 when data.dev_corpus and "
+                f"data.test_corpus are not given (it is the size of each of dev and test); "
+                f"got {d.heldout_size}.")
+    if t.average_last > t.keep_checkpoints:
+        raise ConfigError(
+            f"`train.average_last` ({t.average_last}) cannot exceed `train.keep_checkpoints` "
+            f"({t.keep_checkpoints}): only the last {t.keep_checkpoints} checkpoints are kept. "
+            "Raise train.keep_checkpoints or lower train.average_last.")
     if cfg.decode.n_best > cfg.decode.beam_size:
         raise ConfigError(
             f"`decode.n_best` ({cfg.decode.n_best}) cannot exceed `decode.beam_size` "
             f"({cfg.decode.beam_size})."
         )
+    name = cfg.export.model_name
+    if not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(f"`export.model_name` must use letters, digits, '_', '-' and '.' "
+                          f"(a directory name and a URL path segment); got {name!r}.")
     source_limit(cfg)
 
 

@@ -80,6 +80,94 @@ def test_missing_file(tmp_path):
         readers.read_tsv(tmp_path / "nope.tsv")
 
 
+# --- byte order mark ---------------------------------------------------------------------------
+
+BOM = "\ufeff"
+
+
+def test_bom_is_not_part_of_the_first_sentence(tmp_path):
+    path = _write(tmp_path / "a.tsv", f"{BOM}Hello\tHola\nBye\tAdiós\n")
+    assert readers.read_tsv(path) == [("Hello", "Hola"), ("Bye", "Adiós")]
+    assert readers.read_corpus(str(path)) == [("Hello", "Hola"), ("Bye", "Adiós")]
+    # The prepared-split reader too (a hand-edited train.tsv).
+    assert corpus.read_tsv_pairs(path)[0] == ("Hello", "Hola")
+    # Line-aligned files: each may start with one.
+    _write(tmp_path / "t.en", f"{BOM}one\ntwo\n")
+    _write(tmp_path / "t.es", f"{BOM}uno\ndos\n")
+    assert readers.read_corpus(str(tmp_path / "t")) == [("one", "uno"), ("two", "dos")]
+    # Only a leading one: U+FEFF elsewhere is text (and byte offsets still count the mark).
+    path = _write(tmp_path / "b.tsv", f"{BOM}ok\tbien\n".encode() + b"bad \xff\tmal\n")
+    with pytest.raises(CorpusError, match=r"b\.tsv:2: invalid UTF-8 .* byte 4 of the line "
+                                          r"\(byte offset 15 in the file\)"):
+        readers.read_tsv(path)
+
+
+def test_bom_is_not_part_of_the_vocabulary_input(tmp_path):
+    from aiayn.pipeline.data import vocab
+
+    path = _write(tmp_path / "train.tsv", f"{BOM}Hello\tHola\n")
+    assert list(vocab._sentences(path)) == ["Hello", "Hola"]
+
+
+def test_prepare_data_drops_the_bom(tmp_path):
+    pairs = [(f"{BOM}{GOOD[0][0]}", GOOD[0][1])] + GOOD[1:]
+    cfg = _cfg(tmp_path, corpus=_tsv(tmp_path, pairs), heldout_size=2)
+    corpus.prepare_data(cfg)
+    text = "".join(corpus.split_path(cfg, s).read_text(encoding="utf-8") for s in corpus.SPLITS)
+    assert BOM not in text and GOOD[0][0] in text
+
+
+# --- a directory where a file is expected ------------------------------------------------------
+
+def test_directory_given_as_tsv_says_a_file_was_expected(tmp_path):
+    folder = tmp_path / "corpus.tsv"
+    folder.mkdir()
+    _write(folder / "notes.txt", "hello\n")
+    message = (r"'.*corpus\.tsv' is a directory, but a file was expected .*Give the file's path"
+               r".*this one holds none")
+    with pytest.raises(CorpusError, match=message):
+        readers.read_tsv(folder)
+    with pytest.raises(CorpusError, match=message):  # auto: no longer read as TFRecord
+        readers.read_corpus(str(folder))
+    with pytest.raises(CorpusError, match=message):
+        readers.detect_format(str(folder))
+    with pytest.raises(CorpusError, match=message):  # the prepared-split reader
+        corpus.read_tsv_pairs(folder)
+    with pytest.raises(CorpusError, match=message):  # and the data stage
+        corpus.prepare_data(_cfg(tmp_path, corpus=folder))
+
+
+def test_directory_of_tfrecord_shards_given_as_tsv_names_the_pattern(tmp_path):
+    shards = tmp_path / "Split-train"
+    shards.mkdir()
+    for i in range(2):
+        _write_tfrecord(shards / f"data_tfrecord-0000{i}-of-00002.gz", GOOD[:2], True)
+    with pytest.raises(CorpusError, match=r"is a directory, but a file was expected.*holds 2 "
+                                          r"TFRecord file\(s\): .*data\.format=tfrecord.*"
+                                          rf"data\.corpus='{shards}/\*\.gz'"):
+        readers.read_corpus(str(shards), "tsv")
+    # Given as what it is, it still reads.
+    assert readers.detect_format(str(shards)) == "tfrecord"
+    assert readers.read_corpus(str(shards)) == GOOD[:2] * 2
+
+
+def test_directory_as_a_line_aligned_file(tmp_path):
+    (tmp_path / "train.en").mkdir()
+    _write(tmp_path / "train.es", "uno\n")
+    with pytest.raises(CorpusError, match=r"Source file '.*train\.en' is a directory, but a file "
+                                          r"was expected"):
+        readers.read_corpus(str(tmp_path / "train"))
+
+
+def test_tfrecord_files_are_recognised_by_content(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _write_tfrecord(folder / "part-0", GOOD[:3], False)  # no telling name, not compressed
+    _write(folder / "README", "these are shards\n")
+    assert readers.tfrecord_files(folder) == [folder / "part-0"]
+    assert readers.read_corpus(str(folder / "part-0"), "tfrecord") == GOOD[:3]
+
+
 # --- line-aligned files ------------------------------------------------------------------------
 
 def test_text_pair_by_prefix_and_by_two_paths(tmp_path):

@@ -2,15 +2,23 @@
 
 import dataclasses
 import random
+import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from aiayn.pipeline.data import dataset as dataset_lib
-from aiayn.pipeline.data.dataset import (FEATURE_KEYS, batch_by_token_budget, batch_statistics,
-                                    effective_boundaries, 
-                                    make_train_dataset)
+from aiayn.pipeline.data.dataset import (
+    FEATURE_KEYS,
+    batch_by_token_budget,
+    batch_statistics,
+    effective_boundaries,
+    featurize_pairs,
+    length_filter_counts,
+    make_train_dataset,
+)
+from aiayn.pipeline.errors import UserInputError
 
 NUM_PAIRS = 400
 
@@ -33,8 +41,8 @@ def corpus(toy_pairs, tmp_path_factory):
 
 
 def _take(dataset, n):
-    return [(tf.nest.map_structure(lambda x: x.numpy(), f), l.numpy())
-            for f, l in dataset.take(n)]
+    return [(tf.nest.map_structure(lambda x: x.numpy(), f), labels.numpy())
+            for f, labels in dataset.take(n)]
 
 
 def test_train_batches_exact_keys_dtypes_shapes(corpus, toy_tokenizer, toy_config):
@@ -86,13 +94,13 @@ def test_token_budget_never_exceeded_and_lengths_filtered(corpus, toy_tokenizer,
     stats = batch_statistics(_take(make_train_dataset(corpus[0], toy_tokenizer, data, 0), 60))
     assert stats["max_batch_tokens"] <= 60
     assert stats["shapes"] <= 9  # (4, 8, 12) x (4, 8, 12) at most
-    for features, labels in _take(make_train_dataset(corpus[0], toy_tokenizer, data, 0), 30):
+    for features, _ in _take(make_train_dataset(corpus[0], toy_tokenizer, data, 0), 30):
         assert features["encoder_padding_mask"].sum(axis=1).max() <= 12
         assert features["decoder_padding_mask"].sum(axis=1).max() <= 12
 
 
 def _signature(batches):
-    return [f["encoder_token_ids"].tobytes() + l.tobytes() for f, l in batches]
+    return [f["encoder_token_ids"].tobytes() + labels.tobytes() for f, labels in batches]
 
 
 def test_same_seed_same_order_other_seed_other_order(corpus, toy_tokenizer, toy_config):
@@ -175,12 +183,110 @@ def test_bad_inputs(tmp_path, toy_tokenizer, toy_config):
     with pytest.raises(FileNotFoundError, match="aiayn data"):
         make_train_dataset(tmp_path / "missing.tsv", toy_tokenizer, toy_config.data)
     bad = tmp_path / "bad.tsv"
-    bad.write_text("a\tb\nno tab\n", encoding="utf-8")
+    bad.write_text("a\tb\n\nno tab\n", encoding="utf-8")
+    # The counting pass names the file and line (the blank line 2 is skipped, not an error)...
+    with pytest.raises(UserInputError, match=r"bad\.tsv:3: expected `source<TAB>target` with "
+                                             r"exactly one tab, found 0"):
+        make_train_dataset(bad, toy_tokenizer, toy_config.data)
+    # ... and the featuriser still asserts in the graph.
     with pytest.raises(tf.errors.InvalidArgumentError, match="exactly one tab"):
-        next(iter(make_train_dataset(bad, toy_tokenizer, toy_config.data)))
+        next(iter(tf.data.TextLineDataset(str(bad)).apply(featurize_pairs(toy_tokenizer))))
     with pytest.raises(ValueError, match="token_budget"):
         batch_by_token_budget((8, 16), 10, pad_id=0)
     with pytest.raises(ValueError, match="strictly increasing"):
         batch_by_token_budget((16, 8), 100, pad_id=0)
     assert effective_boundaries((8, 16, 64), 32) == (8, 16, 32)
     assert dataset_lib.TOKENIZE_BATCH_SIZE > 1
+
+
+# --- the length filter's counts, and no pair fitting --------------------------------------------
+
+SHORT = [("I love you.", "Te amo."), ("Jesus wept.", "Jesús lloró."),
+         ("Peace be with you.", "La paz sea con vosotros."), ("我爱你", "我爱你")]
+LONG_SOURCE = " ".join(["In the beginning God created the heavens and the earth."] * 4)
+LONG_TARGET = " ".join(["En el principio creó Dios los cielos y la tierra."] * 4)
+LONG = [(LONG_SOURCE, "Te amo."), ("I love you.", LONG_TARGET), (LONG_SOURCE, LONG_TARGET)]
+
+
+def _write_tsv(path, pairs, prefix=""):
+    path.write_text(prefix + "".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return path
+
+
+def _expected_counts(tokenizer, pairs, max_length):
+    src = [len(r) for r in tokenizer.tokenize([s for s, _ in pairs]).to_list()]
+    tgt = [len(r) + 1 for r in tokenizer.tokenize([t for _, t in pairs]).to_list()]
+    kept = sum(1 <= s <= max_length and t <= max_length for s, t in zip(src, tgt))
+    empty = sum(s == 0 for s in src)
+    return dict(pairs=len(pairs), kept=kept, dropped_empty=empty,
+                dropped_too_long=len(pairs) - kept - empty,
+                shortest_pair=min(map(max, src, tgt)), longest_pair=max(map(max, src, tgt)),
+                longest_source=max(src), longest_target=max(tgt))
+
+
+def test_length_filter_counts_are_exact(tmp_path, toy_tokenizer, toy_config):
+    # 4 short pairs, 3 too long (source, target, both), 1 whose source has no token; a blank
+    # line (skipped, as training skips it) and a byte order mark on the first line.
+    pairs = SHORT + LONG + [("   \u200b", "Vacío.")]
+    path = tmp_path / "train.tsv"
+    path.write_text("\ufeff" + "".join(f"{s}\t{t}\n" for s, t in pairs[:4]) + "\n"
+                    + "".join(f"{s}\t{t}\n" for s, t in pairs[4:]), encoding="utf-8")
+    data = dataclasses.replace(toy_config.data, max_length=16)
+    counts = length_filter_counts(path, toy_tokenizer, data)
+    expected = _expected_counts(toy_tokenizer, pairs, 16)
+    assert {k: counts[k] for k in expected} == expected
+    assert (counts["pairs"], counts["kept"], counts["dropped_too_long"],
+            counts["dropped_empty"]) == (8, 4, 3, 1)
+    assert counts["max_length"] == 16 and counts["files"] == [str(path)]
+    # Exactly what the training pipeline's filter keeps: every kept source shows up, and the
+    # first one without the byte order mark.
+    examples = tf.data.TextLineDataset(str(path)).apply(featurize_pairs(toy_tokenizer)).apply(
+        dataset_lib.filter_by_length(16))
+    sources = [tuple(f["encoder_token_ids"].numpy()) for f, _ in examples]
+    assert len(sources) == counts["kept"]
+    assert sources[0] == tuple(toy_tokenizer.tokenize(["I love you."]).to_list()[0])
+    # Several files add up.
+    other = _write_tsv(tmp_path / "more.tsv", SHORT[:2])
+    both = length_filter_counts([path, other], toy_tokenizer, data)
+    assert (both["pairs"], both["kept"]) == (10, 6)
+
+
+def _in_thread(fn, timeout=120.0):
+    """Runs fn in a daemon thread: (finished, result or exception). A hang cannot hang the suite."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fn()
+        except BaseException as err:  # noqa: B036 (handed back to the test)
+            out["result"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive(), out.get("result")
+
+
+def test_no_pair_fits_max_length_fails_at_once(tmp_path, toy_tokenizer, toy_config):
+    path = _write_tsv(tmp_path / "train.tsv", LONG)
+    data = dataclasses.replace(toy_config.data, max_length=16)
+    finished, result = _in_thread(lambda: next(iter(make_train_dataset(path, toy_tokenizer,
+                                                                       data))))
+    assert finished, "make_train_dataset hangs when no pair fits data.max_length"
+    assert isinstance(result, UserInputError), result
+    counts = length_filter_counts(path, toy_tokenizer, data)
+    message = str(result)
+    assert "No training pair fits data.max_length=16" in message
+    assert f"all 3 pairs of {path} are dropped (3 too long" in message
+    assert (f"range from {counts['shortest_pair']} to {counts['longest_pair']}. Raise "
+            f"data.max_length to at least {counts['shortest_pair']}") in message
+    assert counts["shortest_pair"] > 16
+
+
+def test_empty_training_file_fails_at_once(tmp_path, toy_tokenizer, toy_config):
+    path = tmp_path / "train.tsv"
+    path.write_text("\n", encoding="utf-8")
+    finished, result = _in_thread(lambda: make_train_dataset(path, toy_tokenizer,
+                                                             toy_config.data))
+    assert finished and isinstance(result, UserInputError), result
+    assert "holds no sentence pairs" in str(result) and "aiayn data" in str(result)

@@ -47,7 +47,7 @@ from aiayn.pipeline.data.readers import (
     read_corpus,
     read_tsv,
 )
-from aiayn.pipeline.fileio import atomic_output
+from aiayn.pipeline.fileio import atomic_output, atomic_write
 
 SPLITS = ("train", "dev", "test")
 REPORT_NAME = "data_report.json"
@@ -85,6 +85,31 @@ def write_json(path: Path, data: Any) -> None:
     """Writes JSON atomically."""
     _atomic_write(path, lambda f: (json.dump(data, f, indent=2, ensure_ascii=False),
                                    f.write("\n")))
+
+
+def update_report(data_dir: str | os.PathLike, **entries: Any) -> Path:
+    """Adds or replaces top-level keys of ``<data_dir>/data_report.json`` (atomic rewrite).
+
+    For what later stages learn about the prepared data, e.g. training's length-filter counts
+    (the report is written before the vocabulary exists). A missing report is started with just
+    these keys; the ``stamp`` and the split checksums are left as they are.
+
+    Raises:
+      UserInputError: the report exists but is not a JSON object (the message names it).
+    """
+    path = Path(data_dir) / REPORT_NAME
+    report: dict[str, Any] = {}
+    if path.exists():
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise CorpusError(f"{path} is not valid JSON ({err}); remove it and run `aiayn data` "
+                              "to rebuild it.") from None
+        if not isinstance(report, dict):
+            raise CorpusError(f"{path} is not a JSON object; remove it and run `aiayn data` to "
+                              "rebuild it.")
+    report.update(entries)
+    return atomic_write(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
 
 
 def sha256_file(path: Path) -> str:

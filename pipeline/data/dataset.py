@@ -6,6 +6,11 @@ Training::
           -> 2-D length buckets, token budget per batch, pad to the bucket boundaries
           -> seeded batch shuffle -> prefetch
 
+Before that pipeline is built, :func:`length_filter_counts` tokenises the file(s) once (no
+repeat) and counts what the length filter keeps and drops; when it keeps nothing,
+:func:`make_train_dataset` raises at once (a pipeline that repeats before an all-dropping filter
+would otherwise look for a batch forever).
+
 Every batch is ``(features, labels)``:
 
     features["encoder_token_ids"]     int32 (batch_size, src_len)  source ids, pad_id after the end
@@ -37,15 +42,17 @@ is featurised exactly as evaluation and serving featurise it.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Sequence, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from aiayn.models.tokenizer import SubwordTokenizer
 from aiayn.pipeline.config import DataConfig
+from aiayn.pipeline.errors import UserInputError
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 Transformation = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 FEATURE_KEYS = ("encoder_token_ids", "encoder_padding_mask",
@@ -55,9 +62,11 @@ FEATURE_KEYS = ("encoder_token_ids", "encoder_padding_mask",
 TOKENIZE_BATCH_SIZE = 256
 # Batches shuffled after bucketing, so consecutive steps do not follow bucket fill order.
 BATCH_SHUFFLE_BUFFER = 16
+# Lines per batch of the one counting pass of `length_filter_counts`.
+COUNT_BATCH_SIZE = 1024
 
 
-def _paths(path_or_paths: Union[PathLike, Sequence[PathLike]]) -> list[str]:
+def _paths(path_or_paths: PathLike | Sequence[PathLike]) -> list[str]:
     if isinstance(path_or_paths, (str, os.PathLike)):
         path_or_paths = [path_or_paths]
     paths = [os.fspath(p) for p in path_or_paths]
@@ -112,15 +121,14 @@ def featurize_pairs(tokenizer: SubwordTokenizer) -> Transformation:
 
     def featurize(lines: tf.Tensor) -> tuple[dict[str, tf.RaggedTensor], tf.RaggedTensor]:
         # lines: (n,) tf.string
-        fields = tf.strings.split(lines, "\t")  # (n, (num_fields))
+        fields, sides = _split_lines(lines)
         check = tf.debugging.assert_equal(
-            fields.row_lengths(), tf.constant(2, tf.int64),
+            fields, tf.constant(2, tf.int64),
             message="Each line must be `source<TAB>target` with exactly one tab; rebuild the "
                     "prepared data with `aiayn data`.")
         with tf.control_dependencies([check]):
-            sides = fields.to_tensor(shape=[None, 2])  # (n, 2)
-        source = tokenizer.tokenize(sides[:, 0])  # (n, (src_len)) as featurize_source
-        target = tokenizer.tokenize(sides[:, 1])  # (n, (tgt_len - 1))
+            source = tokenizer.tokenize(sides[:, 0])  # (n, (src_len)) as featurize_source
+            target = tokenizer.tokenize(sides[:, 1])  # (n, (tgt_len - 1))
         n = tf.shape(lines)[0]
         bos_column = tf.RaggedTensor.from_tensor(tf.fill([n, 1], tf.constant(bos, tf.int32)))
         eos_column = tf.RaggedTensor.from_tensor(tf.fill([n, 1], tf.constant(eos, tf.int32)))
@@ -142,6 +150,13 @@ def featurize_pairs(tokenizer: SubwordTokenizer) -> Transformation:
         return dataset.unbatch().map(_as_dense)
 
     return apply
+
+
+def _split_lines(lines: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """`source<TAB>target` lines -> (fields per line int64 (n,), sides tf.string (n, 2)). Lines
+    without exactly one tab give padded or cut sides: callers check the field counts."""
+    fields = tf.strings.split(lines, "\t")  # (n, (num_fields))
+    return fields.row_lengths(), fields.to_tensor(shape=[None, 2])
 
 
 def _as_dense(features, labels):
@@ -177,6 +192,96 @@ def filter_by_length(max_length: int) -> Transformation:
                               tgt_len <= max_length)
 
     return lambda dataset: dataset.filter(keep)
+
+
+def length_filter_counts(path_or_paths: PathLike | Sequence[PathLike],
+                         tokenizer: SubwordTokenizer, data_cfg: DataConfig) -> dict[str, Any]:
+    """What the training length filter keeps of the prepared TSV(s): one pass, no repeat.
+
+    Lines are tokenised `COUNT_BATCH_SIZE` at a time exactly as :func:`featurize_pairs` does
+    (blank lines skipped, no BOS/EOS on the source, BOS + target on the decoder side), and
+    counted as :func:`filter_by_length` decides.
+
+    Args:
+      path_or_paths: prepared TSV file(s), one `source<TAB>target` pair per line.
+      tokenizer: the :class:`SubwordTokenizer` training uses.
+      data_cfg: ``cfg.data`` (`max_length`).
+
+    Returns:
+      A dict: `max_length`, `pairs` (non-blank lines), `kept`, `dropped_too_long` (source or
+      decoder side over `max_length`), `dropped_empty` (a source with no tokens), and over all
+      pairs `shortest_pair` / `longest_pair` (the longer side's length, BOS/EOS counted as the
+      filter counts them; None without pairs), `longest_source`, `longest_target` (the decoder
+      side: BOS + target), `files`.
+
+    Raises:
+      FileNotFoundError: an input file is missing (run `aiayn data`).
+      UserInputError: a line without exactly one tab (file and line named).
+    """
+    paths = _paths(path_or_paths)
+    max_length = int(data_cfg.max_length)
+
+    def lengths(lines: tf.Tensor):
+        fields, sides = _split_lines(lines)
+        source = tokenizer.tokenize(sides[:, 0])
+        target = tokenizer.tokenize(sides[:, 1])
+        return (fields, tf.strings.length(lines), tf.cast(source.row_lengths(), tf.int64),
+                tf.cast(target.row_lengths(), tf.int64) + 1)
+
+    counts = dict(max_length=max_length, pairs=0, kept=0, dropped_too_long=0, dropped_empty=0,
+                  shortest_pair=None, longest_pair=None, longest_source=0, longest_target=0,
+                  files=paths)
+    for path in paths:
+        dataset = (tf.data.TextLineDataset(path).batch(COUNT_BATCH_SIZE)
+                   .map(lengths, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                   .prefetch(tf.data.AUTOTUNE))
+        first_line = 1
+        for fields, chars, src, tgt in dataset.as_numpy_iterator():
+            real = chars > 0  # blank lines are skipped, as featurize_pairs skips them
+            bad = np.flatnonzero(real & (fields != 2))
+            if bad.size:
+                raise UserInputError(
+                    f"{path}:{first_line + int(bad[0])}: expected `source<TAB>target` with "
+                    f"exactly one tab, found {int(fields[bad[0]]) - 1}. Rebuild the prepared "
+                    "data with `aiayn data`.")
+            first_line += len(chars)
+            src, tgt = src[real], tgt[real]
+            if not src.size:
+                continue
+            pair = np.maximum(src, tgt)
+            empty = src < 1
+            too_long = ~empty & ((src > max_length) | (tgt > max_length))
+            counts["pairs"] += int(src.size)
+            counts["dropped_empty"] += int(empty.sum())
+            counts["dropped_too_long"] += int(too_long.sum())
+            counts["kept"] += int((~empty & ~too_long).sum())
+            low, high = int(pair.min()), int(pair.max())
+            counts["shortest_pair"] = low if counts["shortest_pair"] is None else min(
+                counts["shortest_pair"], low)
+            counts["longest_pair"] = max(counts["longest_pair"] or 0, high)
+            counts["longest_source"] = max(counts["longest_source"], int(src.max()))
+            counts["longest_target"] = max(counts["longest_target"], int(tgt.max()))
+    return counts
+
+
+def _no_pair_fits(counts: dict[str, Any]) -> UserInputError:
+    files = ", ".join(counts["files"])
+    if not counts["pairs"]:
+        return UserInputError(f"{files} holds no sentence pairs, so there is nothing to train on. "
+                              "Rebuild the prepared data with `aiayn data`.")
+    max_length = counts["max_length"]
+    if not counts["dropped_too_long"]:
+        return UserInputError(
+            f"None of the {counts['pairs']} pairs of {files} can be trained on: every source "
+            "side tokenises to nothing. Check the corpus and the vocabulary (`aiayn data`, "
+            "`aiayn vocab`).")
+    return UserInputError(
+        f"No training pair fits data.max_length={max_length}: all {counts['pairs']} pairs of "
+        f"{files} are dropped ({counts['dropped_too_long']} too long, {counts['dropped_empty']} "
+        f"with an empty source); pair lengths (tokens of the longer side, BOS/EOS counted) range "
+        f"from {counts['shortest_pair']} to {counts['longest_pair']}. Raise data.max_length to at "
+        f"least {counts['shortest_pair']} (e.g. --set data.max_length={counts['longest_pair']}; "
+        "data.token_budget must be at least as large).")
 
 
 def _padding(pad_id: int) -> tuple[dict[str, Any], Any]:
@@ -254,9 +359,10 @@ def _options() -> tf.data.Options:
     return options
 
 
-def make_train_dataset(path_or_paths: Union[PathLike, Sequence[PathLike]],
+def make_train_dataset(path_or_paths: PathLike | Sequence[PathLike],
                        tokenizer: SubwordTokenizer, data_cfg: DataConfig,
-                       seed: int | None = None) -> tf.data.Dataset:
+                       seed: int | None = None,
+                       length_counts: dict[str, Any] | None = None) -> tf.data.Dataset:
     """The training pipeline: shuffled, repeated, token-budget batches of dict features.
 
     Args:
@@ -266,6 +372,8 @@ def make_train_dataset(path_or_paths: Union[PathLike, Sequence[PathLike]],
         `shuffle_buffer`, `seed`.
       seed: the shuffle seed; default `data_cfg.seed`. The same seed gives the same batches in
         the same order; the order changes between epochs.
+      length_counts: :func:`length_filter_counts` of the same files, tokenizer and
+        `max_length`, when the caller has them already (else they are computed here).
 
     Returns:
       An infinite `tf.data.Dataset` of `(features, labels)`: see the module docstring; every
@@ -273,12 +381,18 @@ def make_train_dataset(path_or_paths: Union[PathLike, Sequence[PathLike]],
 
     Raises:
       FileNotFoundError: an input file is missing (run `aiayn data`).
+      UserInputError: no pair survives the length filter (raise `data.max_length`), or a line
+        is not `source<TAB>target` (file and line named).
       ValueError: no input file, or inconsistent `max_length` / `token_budget`.
-      tf.errors.InvalidArgumentError: (on iteration) a line is not `source<TAB>target`.
     """
     seed = data_cfg.seed if seed is None else int(seed)
     bounds = effective_boundaries(data_cfg.bucket_boundaries, data_cfg.max_length)
-    dataset = tf.data.TextLineDataset(_paths(path_or_paths))
+    paths = _paths(path_or_paths)
+    counts = (length_filter_counts(paths, tokenizer, data_cfg) if length_counts is None
+              else length_counts)
+    if not counts["kept"]:  # else repeat() + filter would look for a first batch forever
+        raise _no_pair_fits(counts)
+    dataset = tf.data.TextLineDataset(paths)
     # Shuffle lines (cheap strings) before tokenising; reshuffled each epoch, seeded.
     dataset = dataset.shuffle(max(1, data_cfg.shuffle_buffer), seed=seed,
                               reshuffle_each_iteration=True)

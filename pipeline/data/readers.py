@@ -11,6 +11,10 @@ Formats (``data.format``, or guessed by :func:`detect_format`); :func:`read_corp
 - ``tfds:<name>[@split]``: a TFDS translation dataset already prepared on disk, never downloaded
   (:func:`read_tfds`).
 
+A UTF-8 byte order mark (U+FEFF) at the start of a text file is dropped, not read into the first
+sentence. A directory where a file is expected (a TSV, a line-aligned file) is an error that says
+so; a directory is read as TFRecord only when it holds TFRecord files.
+
 Bad input (lines without exactly one tab, invalid UTF-8, empty sides, absurd length ratios)
 raises a :class:`CorpusError` that names the file, line (or record), field and the fix; with
 ``on_error='skip'`` a :class:`Drops` counter drops the pair and counts it by reason instead
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import glob as globlib
 import os
+import struct
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +39,8 @@ from aiayn.pipeline.errors import UserInputError
 MIN_LENGTH_FOR_RATIO = 16
 
 Pair = tuple[str, str]
+# The UTF-8 encoding of U+FEFF, which some editors write at the start of a file.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class CorpusError(UserInputError):
@@ -112,9 +119,12 @@ def _decode(raw: bytes, where: str, field: str, drops: Drops, line_offset: int =
 
 
 def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(1-based line number, byte offset, raw line without the newline) of a file."""
+    """(1-based line number, byte offset, raw line without the newline) of a file; a leading
+    UTF-8 byte order mark is not part of the first line (offsets still count it)."""
     data = path.read_bytes()
     offset = 0
+    if data.startswith(UTF8_BOM):
+        data, offset = data[len(UTF8_BOM):], len(UTF8_BOM)
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line; it does not start another
@@ -123,7 +133,60 @@ def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
         offset += len(raw) + 1
 
 
+def _crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _looks_like_tfrecord(path: Path) -> bool:
+    """A TFRecord file by its name, its GZIP magic or a valid first record header (the length and
+    its masked CRC-32C, as TFRecordWriter writes them)."""
+    name = path.name.lower()
+    if "tfrecord" in name or name.endswith((".gz", ".tfr")):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    if head[:2] == b"\x1f\x8b":
+        return True
+    if len(head) < 12:
+        return False
+    crc = _crc32c(head[:8])
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return struct.unpack("<I", head[8:12])[0] == masked
+
+
+def tfrecord_files(directory: str | os.PathLike) -> list[Path]:
+    """The TFRecord files under a directory (what :func:`read_tfrecord` would read), sorted."""
+    return [p for p in expand_files(str(directory)) if _looks_like_tfrecord(p)]
+
+
+def _directory_error(path: Path, what: str) -> CorpusError:
+    """A directory given where a file is expected: say so, and how to give TFRecord shards."""
+    shards = tfrecord_files(path)
+    if shards:
+        parents = {p.parent for p in shards}
+        suffixes = {"".join(p.suffixes[-2:]) for p in shards}
+        folder = parents.pop() if len(parents) == 1 else path
+        pattern = f"{folder}/*{suffixes.pop() if len(suffixes) == 1 else ''}"
+        hint = (f" It holds {len(shards)} TFRecord file(s): to read them, set data.format=tfrecord"
+                f" (or auto), or give a glob of the shards, e.g. data.corpus='{pattern}'.")
+    else:
+        hint = (" Give the file's path. (A directory is read only as TFRecord shards, and this "
+                "one holds none.)")
+    return CorpusError(f"{what} {str(path)!r} is a directory, but a file was expected (a TSV "
+                       "file, or one line-aligned text file per language)." + hint)
+
+
 def _require_file(path: Path, what: str) -> None:
+    if path.is_dir():
+        raise _directory_error(path, what)
     if not path.is_file():
         raise CorpusError(f"{what} {str(path)!r} does not exist (working directory: "
                           f"{os.getcwd()}). Check data.corpus / data.dev_corpus / "
@@ -330,15 +393,19 @@ def detect_format(spec: str, source_lang: str = "en", target_lang: str = "es") -
     if "," in spec:
         return "text"
     path = Path(spec)
-    if path.is_dir() or any(ch in spec for ch in "*?["):
+    if any(ch in spec for ch in "*?["):
         return "tfrecord"
+    if path.is_dir():  # TFRecord shards (e.g. ExampleGen's Split-train/), or a mistake
+        if tfrecord_files(path):
+            return "tfrecord"
+        raise _directory_error(path, "Corpus")
     if path.is_file():
         name = path.name.lower()
         if "tfrecord" in name or name.endswith((".gz", ".tfr")):
             return "tfrecord"
         return "tsv"
-    if Path(f"{spec}.{source_lang}").is_file() or Path(f"{spec}.{target_lang}").is_file():
-        return "text"
+    if Path(f"{spec}.{source_lang}").exists() or Path(f"{spec}.{target_lang}").exists():
+        return "text"  # (a directory there is named by the reader)
     raise CorpusError(
         f"Corpus {spec!r} not found (working directory: {os.getcwd()}): no such file, directory "
         f"or glob, and no {spec}.{source_lang} / {spec}.{target_lang}. Give a TSV file, a prefix "

@@ -19,14 +19,14 @@ from __future__ import annotations
 import io
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import sentencepiece as spm
 
-from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.fileio import atomic_write
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 NORMALIZATION_RULE = "nmt_nfkc"
@@ -43,8 +43,9 @@ def _train_split(cfg: Config) -> Path:
 
 
 def _sentences(path: Path) -> Iterator[str]:
-    """Yields both sides of each `source<TAB>target` line of `path`."""
-    with open(path, encoding="utf-8") as f:
+    """Yields both sides of each `source<TAB>target` line of `path` (a leading byte order mark
+    dropped)."""
+    with open(path, encoding="utf-8-sig") as f:
         for number, line in enumerate(f, start=1):
             line = line.rstrip("\n")
             if not line:
@@ -114,8 +115,8 @@ def train_vocab(cfg: Config) -> Path:
         needed = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(err))
         if needed:
             fix = (f"raise `data.vocab_size` to at least {needed.group(2)} (the corpus has "
-                   "that many characters plus the 4 special pieces), or lower `data.character_coverage` "
-                   "(e.g. --set data.character_coverage=0.9995)")
+                   "that many characters plus the 4 special pieces), or lower "
+                   "`data.character_coverage` (e.g. --set data.character_coverage=0.9995)")
         else:
             fix = ("the corpus is probably too small for this size or model type; lower "
                    f"`data.vocab_size` (e.g. --set data.vocab_size={max(8, data.vocab_size // 4)}) "

@@ -14,16 +14,27 @@
 #   host's Python (the base of .venv) is bind-mounted at its own path and a virtualenv is
 #   created inside the root; the repository and /tmp are bind-mounted at their own paths, so
 #   every path means the same inside and outside. Commands run in a private mount namespace
-#   (unshare), so no mount outlives them.
+#   (unshare), so no mount outlives them; the mounts are also undone, last first, when the
+#   command ends or a mount fails.
 # Both are idempotent: a stamp records the Python and the requirement list; a change rebuilds
 # the virtualenv only. Requirements: the project's dependencies and its `tfx` extra, read
 # from pyproject.toml. The project itself is put on PYTHONPATH (never installed), so the
-# environment always runs the working tree's code.
+# environment always runs the working tree's code: through a private shim directory
+# (mktemp -d, mode 0700, removed on exit).
+#
+# Safety: the script deletes only directories it made itself (they hold its marker file
+# .aiayn-tfx-owned), never an empty path, /, $HOME or an ancestor of the repository or $HOME,
+# and nothing with a mount below it. It never copies credentials into the root: pip's index
+# settings (index-url, extra-index-url, trusted-host, from PIP_* or the host's pip.conf) reach
+# the install command through its environment only. It refuses to run from / or from inside
+# the root (that directory would be bind-mounted into the root).
 #
 # Exit status 3: neither path is possible here (no mmdebstrap and not installable); the
-# message says why. Environment: AIAYN_TFX_ROOT, AIAYN_TFX_MIRROR (a Debian mirror URI),
-# AIAYN_TFX_SUITE (default trixie), AIAYN_TFX_MODE (auto | native | root), PYTHON (the base
-# interpreter; default: the base of .venv, else python3).
+# message says why. Exit status 2: a usage or path error. Environment: AIAYN_TFX_ROOT,
+# AIAYN_TFX_MIRROR (a Debian mirror URI), AIAYN_TFX_SUITE (default trixie), AIAYN_TFX_MODE
+# (auto | native | root), AIAYN_TFX_VENV, PYTHON (the base interpreter; default: the base of
+# .venv, else python3). TFX_ENV_SOURCE_ONLY=1 when sourcing defines the functions and stops
+# (for tests of the guards).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -31,6 +42,10 @@ SUITE="${AIAYN_TFX_SUITE:-trixie}"
 MODE="${AIAYN_TFX_MODE:-auto}"
 NICE="nice -n ${AIAYN_TFX_NICE:-10}"
 VENV_IN_ROOT=/opt/aiayn-tfx-venv
+# Written by this script into every directory it creates and may later delete.
+MARKER=.aiayn-tfx-owned
+# What an earlier version of this script wrote into a finished root (also ours).
+ROOT_OK=.aiayn-root-ok
 log() { echo "[tfx-env] $*" >&2; }
 die() { local code="$1"; shift; echo "[tfx-env] error: $*" >&2; exit "$code"; }
 
@@ -44,6 +59,117 @@ base_python() {
 }
 PY_BASE="$(base_python)"
 PY_PREFIX="$("$PY_BASE" -c 'import sys; print(sys.base_prefix)')"
+
+# --------------------------------------------------------------------------------------------
+# Guards (no side effects except safe_rm_root's deletion; each prints why it refuses)
+
+abspath() { realpath -m -- "$1"; }
+
+# is_ancestor_or_same A B: A is B or a directory above it (both absolute, normalised).
+is_ancestor_or_same() { [ "$1" = "$2" ] || [ "$1" = / ] || case "$2/" in "$1"/*) true ;; *) false ;; esac; }
+
+# check_root_path PATH: may PATH serve as the Debian root (created, rebuilt, deleted)?
+check_root_path() {
+  local p="${1:-}" abs home
+  if [ -z "$p" ]; then echo "[tfx-env] refusing: the root path is empty" >&2; return 1; fi
+  abs="$(abspath "$p")"
+  home="$(abspath "${HOME:-/}")"
+  if [ "$abs" = / ]; then
+    echo "[tfx-env] refusing: the root path '$p' is /; set AIAYN_TFX_ROOT to a dedicated directory such as /var/cache/aiayn-tfx-root" >&2; return 1
+  fi
+  case "${abs#/}" in
+    */*) ;;
+    *) echo "[tfx-env] refusing: the root path '$p' is a top-level directory; use a dedicated directory below one, such as /var/cache/aiayn-tfx-root" >&2; return 1 ;;
+  esac
+  if is_ancestor_or_same "$abs" "$home"; then
+    echo "[tfx-env] refusing: the root path '$p' is \$HOME or above it; use a dedicated directory" >&2; return 1
+  fi
+  if is_ancestor_or_same "$abs" "$REPO"; then
+    echo "[tfx-env] refusing: the root path '$p' is the repository or above it; use a dedicated directory" >&2; return 1
+  fi
+}
+
+# has_mounts_below DIR: is anything mounted at DIR or below it?
+has_mounts_below() {
+  local dir="$1" mnt
+  [ -r /proc/self/mounts ] || return 1
+  while read -r _ mnt _; do
+    mnt="$(printf '%b' "$mnt")"  # /proc/self/mounts escapes spaces as \040
+    if [ "$mnt" = "$dir" ] || case "$mnt" in "$dir"/*) true ;; *) false ;; esac; then return 0; fi
+  done < /proc/self/mounts
+  return 1
+}
+
+# safe_rm_root DIR: deletes DIR only when this script made it (it holds $MARKER, or $ROOT_OK
+# from an earlier version), it is not an empty path, /, $HOME or above $HOME or the
+# repository, not a symlink, and nothing is mounted below it. A missing DIR is fine.
+safe_rm_root() {
+  local p="${1:-}" abs
+  if [ -z "$p" ]; then echo "[tfx-env] refusing to delete an empty path" >&2; return 1; fi
+  abs="$(abspath "$p")"
+  if [ "$abs" = / ]; then echo "[tfx-env] refusing to delete /" >&2; return 1; fi
+  if is_ancestor_or_same "$abs" "$(abspath "${HOME:-/}")"; then
+    echo "[tfx-env] refusing to delete '$p': it is \$HOME or above it" >&2; return 1
+  fi
+  if is_ancestor_or_same "$abs" "$REPO"; then
+    echo "[tfx-env] refusing to delete '$p': it is the repository or above it" >&2; return 1
+  fi
+  if [ -L "$p" ]; then echo "[tfx-env] refusing to delete '$p': it is a symbolic link" >&2; return 1; fi
+  [ -e "$abs" ] || return 0
+  if [ ! -d "$abs" ]; then echo "[tfx-env] refusing to delete '$p': not a directory" >&2; return 1; fi
+  if [ ! -f "$abs/$MARKER" ] && [ ! -f "$abs/$ROOT_OK" ]; then
+    echo "[tfx-env] refusing to delete '$p': this script did not make it (no $MARKER in it); remove it yourself if it is yours to remove" >&2; return 1
+  fi
+  if has_mounts_below "$abs"; then
+    echo "[tfx-env] refusing to delete '$p': something is mounted below it (umount -R it first)" >&2; return 1
+  fi
+  rm -rf --one-file-system -- "$abs"
+}
+
+# System directories a bind mount would shadow in the root (the root's own Debian 13 files).
+SYSTEM_DIRS="/bin /boot /dev /etc /lib /lib32 /lib64 /libx32 /opt /proc /root /run /sbin /sys /usr /var"
+
+# check_workdir CWD ROOT: may CWD be bind-mounted into ROOT (run's working directory)? Not /,
+# not the root or a directory inside it, not a system directory such as /usr or /etc.
+check_workdir() {
+  local cwd root d
+  cwd="$(abspath "$1")"; root="$(abspath "$2")"
+  if [ "$cwd" = / ]; then
+    echo "[tfx-env] refusing to run from /: the working directory is bind-mounted into the root, and / would put the whole host there; cd to a project directory first" >&2; return 1
+  fi
+  if is_ancestor_or_same "$root" "$cwd"; then
+    echo "[tfx-env] refusing to run from '$1': it is the Debian root '$2' or inside it; cd to a project directory first" >&2; return 1
+  fi
+  for d in $SYSTEM_DIRS; do
+    if [ "$cwd" = "$d" ]; then
+      echo "[tfx-env] refusing to run from '$1': bind-mounted into the root it would hide the root's own $d; cd to a project directory first" >&2; return 1
+    fi
+  done
+}
+
+# --------------------------------------------------------------------------------------------
+# Temporary directories: private (mktemp -d: mode 0700, an unpredictable name), removed on exit.
+CLEANUP_DIRS=()
+cleanup() {
+  local d
+  for d in ${CLEANUP_DIRS[@]+"${CLEANUP_DIRS[@]}"}; do
+    case "$d" in
+      */aiayn-tfx-shim.*) rm -rf -- "$d" ;;  # our mktemp -d: symlinks only
+      *) safe_rm_root "$d" || true ;;
+    esac
+  done
+}
+
+# The working tree on PYTHONPATH as the `aiayn` namespace package (aiayn.pipeline -> pipeline/).
+make_shim() {
+  local d
+  d="$(mktemp -d "${TMPDIR:-/tmp}/aiayn-tfx-shim.XXXXXXXXXX")"
+  CLEANUP_DIRS+=("$d")
+  chmod 700 "$d"
+  mkdir "$d/aiayn"
+  for pkg in pipeline models export; do ln -s "$REPO/$pkg" "$d/aiayn/$pkg"; done
+  SHIM="$d"
+}
 
 glibc_ok() {  # glibc >= 2.39 on this host?
   "$PY_BASE" - <<'EOF'
@@ -71,6 +197,40 @@ for req in reqs:
 EOF
 }
 
+# pip's index settings for the install command: NAME=VALUE lines (PIP_INDEX_URL,
+# PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST) from the environment, else from the host's pip
+# configuration files ([global], then [install]). Passed in the environment of the install
+# only; never written into the root.
+pip_index_env() {
+  "$PY_BASE" - <<'EOF'
+import configparser, os
+keys = {"index-url": "PIP_INDEX_URL", "extra-index-url": "PIP_EXTRA_INDEX_URL",
+        "trusted-host": "PIP_TRUSTED_HOST"}
+home = os.path.expanduser("~")
+files = ["/etc/xdg/pip/pip.conf", "/etc/pip.conf", os.path.join(home, ".pip", "pip.conf"),
+         os.path.join(os.environ.get("XDG_CONFIG_HOME", os.path.join(home, ".config")), "pip",
+                      "pip.conf")]
+if os.environ.get("PIP_CONFIG_FILE"):
+    files.append(os.environ["PIP_CONFIG_FILE"])
+found = {}
+for path in files:
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        continue
+    for section in ("global", "install"):
+        if parser.has_section(section):
+            for key, env in keys.items():
+                if parser.has_option(section, key):
+                    found[env] = " ".join(parser.get(section, key).split())
+for env in keys.values():
+    value = os.environ.get(env) or found.get(env)
+    if value and "\n" not in value:
+        print(f"{env}={value}")
+EOF
+}
+
 resolve_mode() {
   case "$MODE" in
     native|root) echo "$MODE" ;;
@@ -80,9 +240,12 @@ resolve_mode() {
 }
 
 root_dir() {
-  if [ -n "${AIAYN_TFX_ROOT:-}" ]; then echo "$AIAYN_TFX_ROOT"
-  elif [ "$(id -u)" = 0 ]; then echo /var/cache/aiayn-tfx-root
-  else echo "$REPO/.tfx-root"; fi
+  local root
+  if [ -n "${AIAYN_TFX_ROOT:-}" ]; then root="$AIAYN_TFX_ROOT"
+  elif [ "$(id -u)" = 0 ]; then root=/var/cache/aiayn-tfx-root
+  else root="$REPO/.tfx-root"; fi
+  check_root_path "$root" || exit 2
+  abspath "$root"
 }
 
 # The first Debian mirror the host's apt is configured with (deb822 .sources or one-line lists).
@@ -138,41 +301,94 @@ ensure_native() {
 # Debian 13 root
 in_root() {  # in_root ROOT CMD...: runs CMD (a shell string) chrooted, with the bind mounts
   local root="$1"; shift
-  local binds="$REPO /tmp" cwd
-  cwd="$(pwd)"
-  if [ "$PY_PREFIX" != "/usr" ]; then binds="$binds $PY_PREFIX"; fi
-  case "$cwd/" in "$REPO"/*|/tmp/*) ;; *) binds="$binds $cwd" ;; esac
+  local binds cwd p
+  cwd="$(pwd -P)"
+  check_workdir "$cwd" "$root" || exit 2
+  binds="$(printf '%s\n%s\n' "$REPO" /tmp)"
+  if [ "$PY_PREFIX" != "/usr" ]; then binds="$(printf '%s\n%s\n' "$binds" "$PY_PREFIX")"; fi
+  case "$cwd/" in "$REPO"/*|/tmp/*) ;; *) binds="$(printf '%s\n%s\n' "$binds" "$cwd")" ;; esac
+  case "${SHIM:-/tmp/}" in /tmp/*) ;; *) binds="$(printf '%s\n%s\n' "$binds" "$SHIM")" ;; esac
+  while IFS= read -r p; do  # never / (it would put the whole host into the root), never the root
+    [ -n "$p" ] || continue
+    if [ "$(abspath "$p")" = / ] || is_ancestor_or_same "$root" "$(abspath "$p")"; then
+      die 2 "refusing to bind-mount '$p' into the root $root (it is /, the root or inside it)."
+    fi
+  done <<< "$binds"
   cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
   cp -L /etc/hosts "$root/etc/hosts" 2>/dev/null || true
-  for f in /etc/pip.conf; do [ -f "$f" ] && cp -L "$f" "$root$f" || true; done
-  mkdir -p "$root/root/.config/pip"
-  [ -f "$HOME/.config/pip/pip.conf" ] && cp -L "$HOME/.config/pip/pip.conf" "$root/root/.config/pip/pip.conf"
-  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then  # public CA certificates, no secrets
     mkdir -p "$root/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
   fi
+  # shellcheck disable=SC2016  # expanded by the inner shell, inside the namespace
   AIAYN_ROOT="$root" AIAYN_BINDS="$binds" AIAYN_CWD="$cwd" AIAYN_CMD="$*" \
   unshare --mount --propagation private bash -euc '
     r="$AIAYN_ROOT"
-    mount -t proc proc "$r/proc"
-    mount --rbind /dev "$r/dev"
-    mount --rbind /sys "$r/sys" 2>/dev/null || true
-    for p in $AIAYN_BINDS; do mkdir -p "$r$p"; mount --rbind "$p" "$r$p"; done
+    mounted=()
+    undo() {  # unmount what was mounted, last first (also when a mount or the command fails)
+      local rc=$? i
+      for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+        umount -R "${mounted[i]}" 2>/dev/null || umount -l "${mounted[i]}" 2>/dev/null || true
+      done
+      exit "$rc"
+    }
+    trap undo EXIT
+    trap "exit 130" INT
+    trap "exit 143" TERM
+    mnt() { local target="${*: -1}"; mount "$@" || return; mounted+=("$target"); }
+    mnt -t proc proc "$r/proc"
+    mnt --rbind /dev "$r/dev"
+    mnt --rbind /sys "$r/sys" 2>/dev/null || true
+    while IFS= read -r p; do
+      [ -n "$p" ] || continue
+      mkdir -p "$r$p"; mnt --rbind "$p" "$r$p"
+    done <<< "$AIAYN_BINDS"
     mkdir -p "$r$AIAYN_CWD"
-    exec chroot "$r" /usr/bin/env -u LD_LIBRARY_PATH -u LD_PRELOAD -u PYTHONHOME -u VIRTUAL_ENV \
+    rc=0
+    chroot "$r" /usr/bin/env -u LD_LIBRARY_PATH -u LD_PRELOAD -u PYTHONHOME -u VIRTUAL_ENV \
+      -u AIAYN_ROOT -u AIAYN_BINDS -u AIAYN_CWD -u AIAYN_CMD \
       HOME=/root \
       PATH=/opt/aiayn-tfx-venv/bin:/usr/local/bin:/usr/bin:/bin \
-      /bin/bash -c "cd \"\$0\" && $AIAYN_CMD" "$AIAYN_CWD"'
+      /bin/bash -c "cd \"\$0\" && $AIAYN_CMD" "$AIAYN_CWD" || rc=$?
+    exit "$rc"'
+}
+
+# build_root ROOT: a fresh Debian root at ROOT, built in a private staging directory beside it
+# and moved into place; a failed build leaves nothing behind.
+build_root() {
+  local root="$1" mirror staging pkgs
+  mirror="$(host_mirror)"
+  [ -n "$mirror" ] || die 3 "no Debian mirror in the host's apt sources; set AIAYN_TFX_MIRROR."
+  if [ -e "$root" ] || [ -L "$root" ]; then  # an unfinished or foreign directory in the way
+    if [ -d "$root" ] && [ ! -L "$root" ] && [ -z "$(ls -A "$root")" ]; then
+      rmdir "$root"
+    else
+      safe_rm_root "$root" || die 2 "$root is in the way of the Debian root and was not made by this script; remove it, or set AIAYN_TFX_ROOT to another directory."
+    fi
+  fi
+  staging="$(mktemp -d "$(dirname "$root")/.$(basename "$root").build.XXXXXXXX")"
+  touch "$staging/$MARKER"
+  CLEANUP_DIRS+=("$staging")
+  log "building a Debian $SUITE root in $root from $mirror (about a minute)"
+  # g++: pyfarmhash (a tfx-bsl dependency) builds from source. The lib* packages are what a
+  # bind-mounted CPython's extension modules link against (ssl, sqlite3, ctypes, bz2, lzma...).
+  pkgs="ca-certificates,g++,make,libssl3t64,libsqlite3-0,libffi8,zlib1g,libbz2-1.0,liblzma5,libreadline8t64,libncursesw6,libgdbm6t64,libuuid1,libexpat1"
+  if [ "$PY_PREFIX" = "/usr" ]; then pkgs="$pkgs,python3,python3-venv,python3-dev"; fi
+  $NICE mmdebstrap --variant=apt --include="$pkgs" "$SUITE" "$staging/root" "deb $mirror $SUITE main" >&2 \
+    || die 1 "mmdebstrap failed (see above)."
+  touch "$staging/root/$MARKER" "$staging/root/$ROOT_OK"
+  mv "$staging/root" "$root"
+  safe_rm_root "$staging" || true
 }
 
 ensure_root() {
-  local root stamp want mirror
+  local root stamp want
   root="$(root_dir)"
   if [ "$(id -u)" != 0 ]; then
     die 3 "TFX 1.21 needs glibc >= 2.39 (this host: $(ldd --version 2>&1 | head -1)); the Debian 13 root needs root (chroot, bind mounts). Run as root, or on a Debian 13 host."
   fi
   mkdir -p "$(dirname "$root")"
   exec 9>"$root.lock"; flock 9  # one builder at a time (make tfx and the tests may race)
-  if [ ! -f "$root/.aiayn-root-ok" ]; then
+  if [ ! -f "$root/$ROOT_OK" ]; then
     if ! command -v mmdebstrap >/dev/null; then
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         log "installing mmdebstrap"
@@ -183,18 +399,7 @@ ensure_root() {
         die 3 "TFX 1.21 needs glibc >= 2.39 (this host: $(ldd --version 2>&1 | head -1)) and mmdebstrap is not installed; as root: apt-get install mmdebstrap."
       fi
     fi
-    mirror="$(host_mirror)"
-    [ -n "$mirror" ] || die 3 "no Debian mirror in the host's apt sources; set AIAYN_TFX_MIRROR."
-    log "building a Debian $SUITE root in $root from $mirror (about a minute)"
-    rm -rf "$root.tmp"
-    # g++: pyfarmhash (a tfx-bsl dependency) builds from source. The lib* packages are what a
-    # bind-mounted CPython's extension modules link against (ssl, sqlite3, ctypes, bz2, lzma...).
-    local pkgs="ca-certificates,g++,make,libssl3t64,libsqlite3-0,libffi8,zlib1g,libbz2-1.0,liblzma5,libreadline8t64,libncursesw6,libgdbm6t64,libuuid1,libexpat1"
-    if [ "$PY_PREFIX" = "/usr" ]; then pkgs="$pkgs,python3,python3-venv,python3-dev"; fi
-    $NICE mmdebstrap --variant=apt --include="$pkgs" "$SUITE" "$root.tmp" "deb $mirror $SUITE main" >&2 \
-      || { rm -rf "$root.tmp"; die 1 "mmdebstrap failed (see above)."; }
-    touch "$root.tmp/.aiayn-root-ok"
-    rm -rf "$root"; mv "$root.tmp" "$root"
+    build_root "$root"
   fi
   local py="$PY_BASE"
   if [ "$PY_PREFIX" = "/usr" ]; then py=/usr/bin/python3; fi
@@ -204,23 +409,28 @@ ensure_root() {
   log "installing TFX into $root$VENV_IN_ROOT (a few minutes the first time)"
   mkdir -p "$root$VENV_IN_ROOT"
   requirements > "$root$VENV_IN_ROOT/requirements.txt"
-  in_root "$root" "set -eo pipefail; test -x $VENV_IN_ROOT/bin/python || $py -m venv $VENV_IN_ROOT; \
-    $NICE $VENV_IN_ROOT/bin/python -m pip install --quiet --upgrade pip 2>&1 | { grep -v \"^WARNING: Location\" || true; } >&2; \
-    $NICE $VENV_IN_ROOT/bin/python -m pip install --quiet -r $VENV_IN_ROOT/requirements.txt 2>&1 \
-      | { grep -v \"^WARNING: Location '.*' is ignored\" || true; } >&2"
+  # pip's index settings: in this command's environment only (a subshell), never in the root.
+  (
+    while IFS= read -r kv; do
+      [ -n "$kv" ] && export "${kv?}"
+    done < <(pip_index_env)
+    in_root "$root" "set -eo pipefail; test -x $VENV_IN_ROOT/bin/python || $py -m venv $VENV_IN_ROOT; \
+      $NICE $VENV_IN_ROOT/bin/python -m pip install --quiet --upgrade pip 2>&1 | { grep -v \"^WARNING: Location\" || true; } >&2; \
+      $NICE $VENV_IN_ROOT/bin/python -m pip install --quiet -r $VENV_IN_ROOT/requirements.txt 2>&1 \
+        | { grep -v \"^WARNING: Location '.*' is ignored\" || true; } >&2"
+  )
   printf '%s' "$want" > "$stamp"
   exec 9>&-
 }
 
-# The working tree on PYTHONPATH as the `aiayn` namespace package (aiayn.pipeline -> pipeline/).
-shim_dir() {
-  local d="/tmp/aiayn-tfx-shim-$(printf '%s' "$REPO" | md5sum | cut -c1-12)"
-  mkdir -p "$d/aiayn"
-  for pkg in pipeline models export; do ln -sfn "$REPO/$pkg" "$d/aiayn/$pkg"; done
-  echo "$d"
-}
-
 quote_args() { local out="" a; for a in "$@"; do out="$out $(printf '%q' "$a")"; done; echo "$out"; }
+
+# shellcheck disable=SC2317  # `exit` when executed rather than sourced
+if [ "${TFX_ENV_SOURCE_ONLY:-}" = 1 ]; then return 0 2>/dev/null || exit 0; fi
+
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 cmd="${1:-}"; shift || true
 case "$cmd" in
@@ -231,18 +441,20 @@ case "$cmd" in
   check)
     mode="$(resolve_mode)"
     if [ "$mode" = native ]; then test -f "$(native_venv)/.aiayn-tfx-stamp"
-    else test -f "$(root_dir)$VENV_IN_ROOT/.aiayn-tfx-stamp"; fi ;;
+    else root="$(root_dir)"; test -f "$root$VENV_IN_ROOT/.aiayn-tfx-stamp"; fi ;;
   run)
     [ $# -ge 1 ] || die 2 "usage: tfx_env.sh run CMD [ARG]..."
     mode="$(resolve_mode)"
-    shim="$(shim_dir)"
+    make_shim
     if [ "$mode" = native ]; then
       ensure_native
       venv="$(native_venv)"
-      PATH="$venv/bin:$PATH" PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" "$@"
+      PATH="$venv/bin:$PATH" PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}" "$@"
     else
+      root="$(root_dir)"
+      check_workdir "$(pwd -P)" "$root" || exit 2
       ensure_root
-      in_root "$(root_dir)" "export PYTHONPATH=$shim; $(quote_args "$@")"
+      in_root "$root" "export PYTHONPATH=$(printf '%q' "$SHIM"); $(quote_args "$@")"
     fi ;;
   *) die 2 "usage: tfx_env.sh ensure | check | run CMD [ARG]..." ;;
 esac
