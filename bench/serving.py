@@ -1,12 +1,25 @@
 """Serving benchmark: the `small` preset behind the development server, and in-process.
 
-    python bench/serving.py [--requests 40] [--preset small]
+    python bench/serving.py [--requests 40] [--preset small] [--quick]
 
 Measures, on whatever CPU/GPU this runs on:
   * latency p50/p99 of single-sentence REST requests (one at a time);
   * throughput (sentences/s) at concurrency 1, 8 and 32 (single-sentence REST requests; the
     server's batcher merges concurrent ones);
-  * the SavedModel's own throughput in-process at batch 64, beam 4 and greedy.
+  * the SavedModel's own throughput in-process at batch 64, beam 4 and greedy;
+  * a soak: 64 concurrent clients (REST and gRPC) send good requests mixed with bad ones
+    (malformed Content-Length, 5000-deep JSON, a 5000-digit number, an unknown model, a gRPC
+    tensor declaring 50 million strings, an unknown label) while 200 slow clients hold
+    connections open (headers, no body) and a new version is published after a quarter of
+    the requests (each client's second half waits until it is loaded, so both versions serve):
+    ``soak_failed_good`` (good requests not answered with the right translation; must be 0),
+    ``soak_5xx`` (REST 5xx and gRPC INTERNAL/UNKNOWN/UNAVAILABLE answers; must be 0),
+    ``rss_growth_mb`` (this process's RSS after the soak, new version loaded, minus before) and
+    ``max_threads`` (threading.active_count() sampled during the soak and the flood; it counts
+    the 64 client threads of the benchmark itself).
+
+``--quick`` (a few minutes on 2 CPU cores): fewer latency runs, ``decode.max_extra_length=10``
+unless given, 64 clients x 2 requests in the soak.
 
 Uses the trained `small` run (<run_dir>/final.weights.h5 and data/spm.model) when present;
 otherwise random weights and a SentencePiece model trained on synthetic text (the report says
@@ -17,14 +30,18 @@ tokens, a pessimistic case). The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import dataclasses
 import io
 import json
 import os
 import random
+import shutil
+import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,7 +71,8 @@ def _tokenizer(cfg):
         sentence_iterator=iter(_sentences(3000, seed=1)), model_writer=buf,
         vocab_size=min(cfg.data.vocab_size, 400), hard_vocab_limit=False, pad_id=0, unk_id=1,
         bos_id=2, eos_id=3, minloglevel=2)
-    return SubwordTokenizer(buf.getvalue()), "synthetic SentencePiece vocabulary (no data/spm.model)"
+    return (SubwordTokenizer(buf.getvalue()),
+            "synthetic SentencePiece vocabulary (no data/spm.model)")
 
 
 def _percentile(values, q):
@@ -63,13 +81,212 @@ def _percentile(values, q):
     return values[k]
 
 
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _post(port: int, path: str, body: bytes, timeout: float = 600.0) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+_BAD_REST = [
+    b"Content-Length: abc",  # sent raw
+    b"[" * 5000 + b"]" * 5000,
+    b'{"instances": [' + b"9" * 5000 + b"]}",
+    b"unknown model",
+]
+
+
+def _bad_rest(port: int, k: int) -> int:
+    kind = _BAD_REST[k % len(_BAD_REST)]
+    if kind == b"Content-Length: abc":
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(b"POST /v1/models/translate:predict HTTP/1.1\r\n"
+                         b"Content-Length: abc\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return int(data.split()[1])
+    if kind == b"unknown model":
+        return _post(port, "/v1/models/nope:predict", b'{"instances": ["x"]}')[0]
+    return _post(port, "/v1/models/translate:predict", kind)[0]
+
+
+def soak(server, base: Path, version_dir: Path, expected: dict[str, str],
+         clients: int = 64, per_client: int = 4, exact: bool = True) -> dict:
+    """64 clients, half good / half bad requests, a flood of 200 slow clients, and a new
+    version published after a quarter of the requests (see the module docstring).
+
+    A good request fails when it gets no 200 / OK, or (`exact`) not the expected translation.
+    With random weights the search fills its whole length budget, which depends on the padded
+    width of the merged batch (docs/ARCHITECTURE.md), so answers may legitimately differ from
+    a lone request's: they are counted apart (``soak_answers_differing``) when not `exact`.
+    """
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from aiayn.export.codec import texts_proto
+
+    texts = sorted(expected)
+    lock = threading.Lock()
+    done = [0]
+    codes: collections.Counter = collections.Counter()
+    versions: collections.Counter = collections.Counter()
+    failed_good: list[str] = []
+    differing = [0]
+    total = clients * per_client
+
+    def check(got: list, text: str, api: str) -> None:
+        if len(got) != 1 or not isinstance(got[0], str):
+            failed_good.append(f"{api}: malformed answer {got}")
+        elif got[0] != expected[text]:
+            if exact:
+                failed_good.append(f"{api}: wrong answer {got}")
+            else:
+                with lock:
+                    differing[0] += 1
+    max_threads = [threading.active_count()]
+    stop_sampling = threading.Event()
+
+    def sample():
+        while not stop_sampling.wait(0.05):
+            max_threads[0] = max(max_threads[0], threading.active_count())
+
+    def publish():
+        while done[0] < total // 4:
+            time.sleep(0.01)
+        tmp = base / "translate" / ".tmp-bench-2"
+        shutil.copytree(version_dir, tmp)
+        tmp.rename(base / "translate" / "2")
+
+    def client(i: int):
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for j in range(per_client):
+            if j == per_client // 2:  # the second half goes to the new version
+                deadline = time.monotonic() + 600
+                while 2 not in server.manager.versions("translate") and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.05)
+            k = i + j
+            text = texts[k % len(texts)]
+            outcome = ""
+            try:
+                if k % 4 == 0:
+                    status, body = _post(server.rest_port, "/v1/models/translate:predict",
+                                         json.dumps({"instances": [text]}).encode())
+                    outcome = f"rest {status}"
+                    if status != 200:
+                        failed_good.append(f"REST {status} {body}")
+                    else:
+                        check([p.get("translation") for p in body["predictions"]], text, "REST")
+                elif k % 4 == 1:
+                    request = predict_pb2.PredictRequest()
+                    request.model_spec.name = "translate"
+                    request.inputs["text"].CopyFrom(texts_proto([text]))
+                    try:
+                        response = stub.Predict(request, timeout=600)
+                        outcome = "grpc OK"
+                        got = [v.decode() for v in
+                               tf.make_ndarray(response.outputs["translation"]).tolist()]
+                        with lock:
+                            versions[response.model_spec.version.value] += 1
+                        check(got, text, "gRPC")
+                    except grpc.RpcError as err:
+                        outcome = f"grpc {err.code().name}"
+                        failed_good.append(f"gRPC {err.code().name} {err.details()}")
+                elif k % 4 == 2:
+                    outcome = f"rest {_bad_rest(server.rest_port, k // 4)}"
+                else:
+                    request = predict_pb2.PredictRequest()
+                    request.model_spec.name = "translate"
+                    request.inputs["text"].CopyFrom(texts_proto(["x"]))
+                    if (k // 4) % 2:
+                        request.model_spec.version_label = "nope"
+                    else:
+                        request.inputs["text"].tensor_shape.dim[0].size = 50_000_000
+                    try:
+                        stub.Predict(request, timeout=60)
+                        outcome = "grpc OK (a bad request accepted!)"
+                    except grpc.RpcError as err:
+                        outcome = f"grpc {err.code().name}"
+            except Exception as err:  # noqa: BLE001 - counted, the soak goes on
+                outcome = f"error {type(err).__name__}"
+                if k % 4 < 2:
+                    failed_good.append(f"{type(err).__name__}: {err}")
+            with lock:
+                done[0] += 1
+                codes[outcome] += 1
+        channel.close()
+
+    rss_before = _rss_mb()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    slow = []
+    for _ in range(200):  # slow clients: headers, never the body
+        sock = socket.create_connection(("127.0.0.1", server.rest_port), timeout=60)
+        sock.sendall(b"POST /v1/models/translate:predict HTTP/1.1\r\nContent-Length: 100\r\n"
+                     b"\r\n")
+        slow.append(sock)
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    publisher.join()
+    for sock in slow:
+        sock.close()
+    # The new version takes over (if it has not yet): wait for it, then measure memory.
+    deadline = time.monotonic() + 600
+    while server.manager.versions("translate") != [2] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop_sampling.set()
+    sampler.join()
+    bad_5xx = sum(n for c, n in codes.items()
+                  if c.startswith("rest 5") or c.split()[-1] in ("INTERNAL", "UNKNOWN",
+                                                                 "UNAVAILABLE"))
+    return {"soak_failed_good": len(failed_good), "soak_5xx": bad_5xx,
+            "soak_answers_differing": differing[0],
+            "rss_growth_mb": round(_rss_mb() - rss_before, 1), "max_threads": max_threads[0],
+            "soak_requests": total, "soak_seconds": round(seconds, 1),
+            "soak_grpc_answers_by_version": {str(k): v for k, v in sorted(versions.items())},
+            "soak_codes": dict(sorted(codes.items())),
+            "soak_failures_sample": failed_good[:3]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--requests", type=int, default=20, help="single-sentence latency runs")
     parser.add_argument("--max-extra-length", type=int, default=None,
                         help="override decode.max_extra_length (default: the preset's)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer runs, max_extra_length 10 unless given, a shorter soak")
+    parser.add_argument("--soak-per-client", type=int, default=None,
+                        help="requests per soak client (64 clients; default 4, --quick 2)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests = min(args.requests, 8)
+        if args.max_extra_length is None:
+            args.max_extra_length = 10
+    per_client = args.soak_per_client or (2 if args.quick else 4)
 
     import tensorflow as tf
 
@@ -119,8 +336,8 @@ def main(argv=None) -> int:
             rate = 64 * runs / (time.perf_counter() - start)
             results[f"inprocess_{label}_sent_per_s"] = round(rate, 2)
 
-        server = DevServer(tmp, model_names=["translate"], rest_port=0, grpc_port=None,
-                           batch_timeout_ms=5, warmup=False).start()
+        server = DevServer(tmp, model_names=["translate"], rest_port=0, grpc_port=0,
+                           batch_timeout_ms=5, warmup=False, poll_seconds=0.5).start()
         client = RestClient(f"http://127.0.0.1:{server.rest_port}")
         try:
             sentences = _sentences(max(args.requests, 64), seed=3)
@@ -141,8 +358,18 @@ def main(argv=None) -> int:
                 results[f"throughput_c{conc}"] = round(n / elapsed, 2)
             batcher = server.manager.get("translate").batchers["serving_default"]
             results["largest_server_batch"] = batcher.largest_batch
+            soak_texts = sentences[:8]
+            expected = {t: client.translate([t])[0].text for t in soak_texts}  # alone
+            t0 = time.perf_counter()
+            results.update(soak(server, Path(tmp), Path(tmp) / "translate" / "1", expected,
+                                per_client=per_client, exact="RANDOM" not in weights_note))
+            settle = max(0.0, time.perf_counter() - t0 - results["soak_seconds"])
+            print(f"# soak: {results['soak_requests']} requests by 64 clients in "
+                  f"{results['soak_seconds']} s (+ {settle:.1f} s for the new version to take "
+                  f"over); gRPC answers by version "
+                  f"{results['soak_grpc_answers_by_version']}; codes {results['soak_codes']}")
         finally:
-            server.stop()
+            server.stop(0)
 
     print()
     print(f"{'measure':<38}{'value':>12}")
@@ -153,14 +380,19 @@ def main(argv=None) -> int:
             ("throughput, concurrency 32 (sent/s)", "throughput_c32"),
             ("in-process beam 4, batch 64 (sent/s)", "inprocess_beam4_sent_per_s"),
             ("in-process greedy, batch 64 (sent/s)", "inprocess_greedy_sent_per_s"),
-            ("largest merged server batch", "largest_server_batch")]
+            ("largest merged server batch", "largest_server_batch"),
+            ("soak: failed good requests (must be 0)", "soak_failed_good"),
+            ("soak: 5xx answers (must be 0)", "soak_5xx"),
+            ("soak: RSS growth (MB)", "rss_growth_mb"),
+            ("soak: max threads (incl. 64 clients)", "max_threads")]
     for label, key in rows:
         print(f"{label:<38}{results[key]:>12}")
     results.update(preset=args.preset, random_weights="RANDOM" in weights_note,
+                   weights=weights_note, quick=args.quick,
                    beam_size=cfg.decode.beam_size,
                    max_extra_length=cfg.decode.max_extra_length)
     print(json.dumps(results))
-    return 0
+    return 0 if results["soak_failed_good"] == 0 and results["soak_5xx"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -3,19 +3,24 @@
 :class:`Predictor` validates one Predict call (signature name, input names, dtype, rank,
 UTF-8, batch size, input length against the export's limit) with TF Serving's messages, then
 runs it through the servable's batcher. The REST and gRPC front ends both call it, so they
-accept and reject exactly the same requests.
+accept and reject exactly the same requests; the gRPC front end checks a tensor's declared
+dtype, rank and size with the same messages (:func:`not_strings`, :func:`not_a_vector`,
+:func:`batch_too_large`) before it reads any value.
+
+A call holds a lease on the version it resolved (:meth:`ModelManager.lease`) until its answer
+is computed, so a version being replaced finishes the requests it accepted.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from aiayn.export.servables import ModelManager, Servable
-from aiayn.export.serving_errors import closest, invalid, tf_error_to_serving
+from aiayn.export.serving_errors import ServingError, clip, closest, invalid, tf_error_to_serving
 
 log = logging.getLogger("aiayn.export.server")
 
@@ -28,19 +33,31 @@ def signature_or_default(key: str, servable: Servable) -> str:
     """The signature key to run ('' -> ``serving_default``), or INVALID_ARGUMENT if unknown."""
     key = key or "serving_default"
     if key not in servable.signatures:
-        raise invalid(f"Serving signature key \"{key}\" not found. Available: "
+        raise invalid(f"Serving signature key \"{clip(key)}\" not found. Available: "
                       f"{sorted(servable.signatures)}.{closest(key, list(servable.signatures))}")
     return key
+
+
+def not_a_vector(input_name: str, shape: list[int]) -> ServingError:
+    return invalid(f"Input '{clip(input_name)}' must be a vector of strings, shape [batch]; got "
+                   f"shape {clip(str(list(shape)))}. Send one string per instance.")
+
+
+def not_strings(input_name: str, dtype_name: str) -> ServingError:
+    return invalid(f"Input '{clip(input_name)}' must be DT_STRING; got {dtype_name}. Send text.")
+
+
+def batch_too_large(size: int, limit: int) -> ServingError:
+    return invalid(f"Task size {size} is larger than maximum input batch size {limit}. Split "
+                   f"the request into batches of at most {limit} (export.max_batch_size).")
 
 
 def check_strings(values: np.ndarray, input_name: str) -> np.ndarray:
     """Validates a string input: rank 1, bytes, valid UTF-8. Returns an object array of bytes."""
     if values.ndim != 1:
-        raise invalid(f"Input '{input_name}' must be a vector of strings, shape [batch]; got "
-                      f"shape {list(values.shape)}. Send one string per instance.")
+        raise not_a_vector(input_name, list(values.shape))
     if values.dtype != object or not all(isinstance(v, bytes) for v in values):
-        raise invalid(f"Input '{input_name}' must be DT_STRING; got "
-                      f"{_DTYPE_NAMES.get(values.dtype, str(values.dtype))}. Send text.")
+        raise not_strings(input_name, _DTYPE_NAMES.get(values.dtype, str(values.dtype)))
     for i, value in enumerate(values):
         try:
             value.decode("utf-8")
@@ -51,16 +68,18 @@ def check_strings(values: np.ndarray, input_name: str) -> np.ndarray:
     return values
 
 
-def _input_name(inputs: Mapping[str, np.ndarray], expected: list[str]) -> str:
+def input_name_of(inputs: Iterable[str], expected: list[str]) -> str:
     """The one input of the signature, after checking the request names exactly the expected."""
-    extra = sorted(set(inputs) - set(expected))
-    missing = sorted(set(expected) - set(inputs))
+    inputs = set(inputs)
+    extra = sorted(inputs - set(expected))
+    missing = sorted(set(expected) - inputs)
     if extra or missing:
         hint = closest(extra[0], expected) if extra else ""
+        sent = clip(", ".join(sorted(inputs)), 200)
         raise invalid(f"input size does not match signature: {len(inputs)}!="
-                      f"{len(expected)} len({{{', '.join(sorted(inputs))}}}) != "
-                      f"len({{{', '.join(expected)}}}). Sent extra: {extra}. Missing but "
-                      f"required: {missing}.{hint}")
+                      f"{len(expected)} len({{{sent}}}) != "
+                      f"len({{{', '.join(expected)}}}). Sent extra: {clip(str(extra), 200)}. "
+                      f"Missing but required: {missing}.{hint}")
     (input_name,) = expected
     return input_name
 
@@ -79,24 +98,31 @@ class Predictor:
         self.manager = manager
 
     def predict(self, name: str, version: int | None, signature_name: str,
-                inputs: Mapping[str, np.ndarray]) -> tuple[Servable, str, dict[str, np.ndarray]]:
-        servable = self.manager.get(name, version)
+                inputs: Mapping[str, np.ndarray], label: str | None = None
+                ) -> tuple[Servable, str, dict[str, np.ndarray]]:
+        """Resolves the servable (holding it until done), validates and runs one call."""
+        with self.manager.lease(name, version, label) as servable:
+            key, outputs = self.run(servable, signature_name, inputs)
+        return servable, key, outputs
+
+    def run(self, servable: Servable, signature_name: str, inputs: Mapping[str, np.ndarray]
+            ) -> tuple[str, dict[str, np.ndarray]]:
+        """Validates and runs one call on a servable the caller holds (a lease)."""
         key = signature_or_default(signature_name, servable)
-        input_name = _input_name(inputs, list(servable.signature_inputs(key)))
-        texts = check_strings(np.asarray(inputs[input_name]), input_name)
-        if len(texts) > servable.max_batch_size:
-            raise invalid(f"Task size {len(texts)} is larger than maximum input batch size "
-                          f"{servable.max_batch_size}. Split the request into batches of at "
-                          f"most {servable.max_batch_size} (export.max_batch_size).")
+        input_name = input_name_of(inputs, list(servable.signature_inputs(key)))
+        values = np.asarray(inputs[input_name])
+        if values.ndim == 1 and len(values) > servable.max_batch_size:
+            raise batch_too_large(len(values), servable.max_batch_size)
+        texts = check_strings(values, input_name)
         if len(texts) == 0:
-            return servable, key, _empty_outputs(servable, key)
+            return key, _empty_outputs(servable, key)
         self._check_lengths(servable, texts)
         future = servable.batchers[key].submit(texts)
         try:
             outputs = future.result()
         except Exception as err:  # noqa: BLE001
             raise tf_error_to_serving(err) from None
-        return servable, key, outputs
+        return key, outputs
 
     @staticmethod
     def _check_lengths(servable: Servable, texts: np.ndarray) -> None:

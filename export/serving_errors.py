@@ -3,8 +3,8 @@
 Holds :class:`ServingError` (an error with a TF Serving status code such as
 ``INVALID_ARGUMENT``), the status code -> HTTP status mapping the REST front end answers with,
 the helpers that build the common errors (:func:`invalid`, the "Did you mean ...?" hint of
-:func:`closest`), and :func:`tf_error_to_serving`, which turns whatever a signature call raised
-into a ServingError with a readable message.
+:func:`closest`, :func:`clip` for names a client sent), and :func:`tf_error_to_serving`,
+which turns whatever a signature call raised into a ServingError with a readable message.
 """
 
 from __future__ import annotations
@@ -38,8 +38,16 @@ def invalid(message: str) -> ServingError:
     return ServingError("INVALID_ARGUMENT", message)
 
 
+def clip(text: str, limit: int = 100) -> str:
+    """`text` cut to `limit` characters (client-supplied names echoed in messages)."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def closest(word: str, options: list[str]) -> str:
     """`` Did you mean '<option>'?`` for the nearest of `options`, or '' when none is near."""
+    if len(word) > 100:  # no hint for absurd names (and no quadratic matching on them)
+        return ""
     match = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
     return f" Did you mean '{match[0]}'?" if match else ""
 

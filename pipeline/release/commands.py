@@ -46,13 +46,25 @@ def _docker_answers() -> bool:
 
 
 def serve_command(base_dir: str | os.PathLike, rest_port: int = 8501, grpc_port: int = 8500,
-                  host: str = "127.0.0.1", backend: str = "auto") -> tuple[str, list[str]]:
-    """Which server ``serve`` starts and its command line (``backend``: auto|tfs|docker|dev)."""
+                  host: str = "127.0.0.1", backend: str = "auto",
+                  allow_all_interfaces: bool = False) -> tuple[str, list[str]]:
+    """Which server ``serve`` starts and its command line (``backend``: auto|tfs|docker|dev).
+
+    ``tensorflow_model_server`` has no option to choose the interface: it binds every one
+    (0.0.0.0). It is refused when `host` names one interface, unless `allow_all_interfaces`.
+    """
     from aiayn.export.saved_model import model_server_command
 
     base = Path(base_dir).resolve()
     command = model_server_command(base, grpc_port, rest_port)
     if backend in ("auto", "tfs") and shutil.which("tensorflow_model_server"):
+        if host not in ("0.0.0.0", "::", "[::]", "") and not allow_all_interfaces:
+            raise UserInputError(
+                f"tensorflow_model_server binds all interfaces (0.0.0.0:{grpc_port} and "
+                f"0.0.0.0:{rest_port}) and cannot bind only --host {host}. Pass "
+                "--allow-all-interfaces to start it anyway (anyone who can reach this machine "
+                "can then use it; put a firewall in front of it), or use --backend docker or "
+                f"--backend dev, which bind {host} only.")
         return "tensorflow_model_server", command
     if backend == "tfs":
         raise UserInputError("tensorflow_model_server is not on PATH. Install it "
@@ -79,7 +91,11 @@ def _cmd_serve(args: argparse.Namespace, cfg) -> None:
           + " ".join(shlex.quote(a) for a in model_server_command(base, args.grpc_port,
                                                                  args.rest_port)),
           flush=True)
-    kind, command = serve_command(base, args.rest_port, args.grpc_port, args.host, args.backend)
+    kind, command = serve_command(base, args.rest_port, args.grpc_port, args.host, args.backend,
+                                  allow_all_interfaces=args.allow_all_interfaces)
+    if kind == "tensorflow_model_server":
+        print(f"Note: tensorflow_model_server binds all interfaces (0.0.0.0:{args.grpc_port} "
+              f"gRPC, 0.0.0.0:{args.rest_port} REST), whatever --host says.", flush=True)
     if kind != "dev":
         print(f"Starting {kind}:\n  {' '.join(shlex.quote(a) for a in command)}", flush=True)
         rc = subprocess.call(command)
@@ -89,25 +105,67 @@ def _cmd_serve(args: argparse.Namespace, cfg) -> None:
     from aiayn.export.server import DevServer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # The development server's limits: (flag dest, DevServer keyword); unset: its default.
+    names = (("workers", "threads"), ("max_connections", "max_connections"),
+             ("max_request_bytes", "max_request_bytes"), ("header_timeout", "header_timeout"),
+             ("read_timeout", "read_timeout"), ("drain_timeout", "drain_timeout"),
+             ("model_config_file", "model_config_file"),
+             ("batch_timeout_ms", "batch_timeout_ms"))
+    options = {keyword: getattr(args, dest) for dest, keyword in names
+               if getattr(args, dest, None) is not None}
     print("tensorflow_model_server and Docker not found: starting the development server "
           f"(REST http://{args.host}:{args.rest_port}, gRPC {args.host}:{args.grpc_port}). "
-          "Ctrl-C stops it.", flush=True)
-    DevServer(base, host=args.host, rest_port=args.rest_port, grpc_port=args.grpc_port,
-              poll_seconds=args.poll_seconds).serve_forever()
+          "Ctrl-C or SIGTERM drains and stops it.", flush=True)
+    try:
+        server = DevServer(base, host=args.host, rest_port=args.rest_port,
+                           grpc_port=args.grpc_port, poll_seconds=args.poll_seconds, **options)
+    except ValueError as err:  # a limit out of range
+        raise UserInputError(str(err)) from None
+    server.serve_forever()
     return None
 
 
 def _args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-dir", default=None, help="Export base dir (default export.base_dir).")
     p.add_argument("--host", default="127.0.0.1",
-                   help="Interface to bind (default 127.0.0.1; 0.0.0.0 exposes the server).")
+                   help="Interface to bind (default 127.0.0.1; 0.0.0.0 exposes the server). "
+                        "tensorflow_model_server always binds all interfaces: it is refused "
+                        "for another --host unless --allow-all-interfaces.")
+    p.add_argument("--allow-all-interfaces", action="store_true",
+                   help="Start tensorflow_model_server although it binds all interfaces, not "
+                        "just --host.")
     p.add_argument("--rest-port", type=int, default=8501)
     p.add_argument("--grpc-port", type=int, default=8500)
     p.add_argument("--backend", default="auto", choices=["auto", "tfs", "docker", "dev"],
                    help="auto: tensorflow_model_server if on PATH, else Docker, else the "
                         "development server.")
     p.add_argument("--poll-seconds", type=float, default=2.0,
-                   help="Development server: how often to look for new versions.")
+                   help="Development server: how often to look for new versions and a "
+                        "changed models.config.")
+    dev = p.add_argument_group("development server limits")
+    dev.add_argument("--workers", type=int, default=None,
+                     help="Worker threads per API, REST and gRPC (default 32).")
+    dev.add_argument("--max-connections", type=int, default=None,
+                     help="Open REST connections and concurrent gRPC calls (default 512); more "
+                          "are refused (503 / RESOURCE_EXHAUSTED).")
+    dev.add_argument("--max-request-bytes", type=int, default=None,
+                     help="Largest REST body / gRPC message (default 4194304, 4 MiB); larger "
+                          "ones get 413 / RESOURCE_EXHAUSTED.")
+    dev.add_argument("--header-timeout", type=float, default=None,
+                     help="Seconds for a REST client to send its headers; also the idle "
+                          "keep-alive timeout (default 10).")
+    dev.add_argument("--read-timeout", type=float, default=None,
+                     help="Seconds for a REST client to send its body after the headers "
+                          "(default 30).")
+    dev.add_argument("--drain-timeout", type=float, default=None,
+                     help="On SIGTERM / Ctrl-C, seconds requests in flight may take to finish "
+                          "(default 30).")
+    dev.add_argument("--batch-timeout-ms", type=float, default=None,
+                     help="How long a request waits for batch-mates (default 5; TF Serving's "
+                          "batch_timeout_micros / 1000).")
+    dev.add_argument("--model-config-file", default=None,
+                     help="models.config with version policies and labels (default "
+                          "<base-dir>/models.config).")
 
 
 def _cmd_translate(args: argparse.Namespace, cfg) -> None:

@@ -164,7 +164,8 @@ def test_new_version_is_served_without_restart(dev_server, second_version):
     deadline = time.time() + 60
     while time.time() < deadline:
         status, body = _get(dev_server, "/v1/models/translate")
-        if body["model_version_status"][0]["version"] == new.name:
+        newest = body["model_version_status"][0]  # newest first; LOADING before AVAILABLE
+        if newest["version"] == new.name and newest["state"] == "AVAILABLE":
             break
         time.sleep(0.3)
     assert body["model_version_status"][0]["version"] == new.name
