@@ -34,7 +34,7 @@ SAMPLE = [
 FRESH_PROCESS = textwrap.dedent("""
     import json, sys
     import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops, as TF Serving links them)
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops, as TF Serving does)
     texts = json.loads(sys.stdin.read())
     loaded = tf.saved_model.load(sys.argv[1])
     out = loaded.signatures["serving_default"](text=tf.constant(texts, tf.string))
