@@ -37,21 +37,31 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
+import sys
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from aiayn.export.codec import texts_proto, to_python
-from aiayn.export.fileio import atomic_write
+from aiayn.export.fileio import (
+    LockHeld,
+    atomic_write,
+    fault_point,
+    fsync_dir,
+    hold_lock,
+    remove_leftovers,
+)
 from aiayn.models.limits import source_limit
 
 SERVING_SIGNATURE = "serving_default"
@@ -347,7 +357,13 @@ def read_warmup_requests(path: str | os.PathLike) -> list[Any]:
 
 
 # -- the export --------------------------------------------------------------------------------
+EXPORT_LOCK = ".export.lock"  # in <base_dir>: held while a version is numbered, written, renamed
+_TMP_DIR_RE = re.compile(r"^\.tmp-")
+
+
 def _next_version(model_dir: Path, requested: int) -> int:
+    """The version to write: ``requested``, or the next after the highest (0). Call it under
+    the export-base lock (:func:`_new_version`): two exports then get two numbers."""
     existing = list_versions(model_dir)
     if requested < 0:
         raise ExportError(f"`export.version` must be 0 (next) or a positive integer; "
@@ -361,6 +377,69 @@ def _next_version(model_dir: Path, requested: int) -> int:
     return requested
 
 
+def _remove_export_leftovers(base_dir: Path, model_dir: Path) -> list[Path]:
+    """The ``.tmp-*`` directories (and temporary files) of exports that died; under the lock,
+    any that exist are dead (every export holds the lock while its directory exists)."""
+    removed = remove_leftovers(base_dir) + remove_leftovers(model_dir)
+    for p in model_dir.iterdir():
+        if p.is_dir() and _TMP_DIR_RE.match(p.name):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsyncs every file and directory under ``root`` (before it is renamed into place)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(dirpath))
+
+
+@contextlib.contextmanager
+def _new_version(base_dir: str | os.PathLike, model_name: str, requested: int,
+                 lock_wait_s: float = 600.0,
+                 after_publish: Callable[[], Any] | None = None) -> Iterator[tuple[int, Path]]:
+    """Numbers, stages and publishes one version under the export-base lock.
+
+    Takes ``<base_dir>/.export.lock`` (waiting up to ``lock_wait_s`` for another export),
+    removes the leftovers of killed exports, picks the version and yields ``(version, tmp)``:
+    the caller writes the version into ``tmp`` (``<model_dir>/.tmp-<version>-<id>``, absent).
+    On a clean exit ``tmp`` is fsynced and renamed to ``<model_dir>/<version>`` and
+    ``after_publish`` runs (still under the lock); on an error (or a kill) nothing is published,
+    and the next export removes what is left.
+
+    Raises:
+      ExportError: another export still holds the lock after ``lock_wait_s`` (named), or
+        ``requested`` exists.
+    """
+    base = Path(base_dir)
+    model_dir = base / model_name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(hold_lock(
+                base / EXPORT_LOCK, f"the export base {base}", wait_s=lock_wait_s,
+                on_wait=lambda line: print(line, file=sys.stderr, flush=True)))
+        except LockHeld as err:
+            raise ExportError(str(err)) from None
+        _remove_export_leftovers(base, model_dir)
+        version = _next_version(model_dir, int(requested))
+        tmp = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
+        try:
+            yield version, tmp
+            _fsync_tree(tmp)
+            fault_point("export:before_rename")
+            os.rename(tmp, model_dir / str(version))  # atomic: a server never sees a partial one
+            fsync_dir(model_dir)
+            if after_publish is not None:
+                after_publish()
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _jsonable(outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return {key: to_python(value) for key, value in outputs.items()}
 
@@ -371,8 +450,13 @@ def export_saved_model(model: Any, tokenizer: Any, base_dir: str | os.PathLike,
                        eval_scores: Mapping[str, Any] | None = None,
                        bucket_boundaries: Sequence[int] = (8, 16, 32, 64, 128),
                        sample_texts: Sequence[str] = DEFAULT_SAMPLE_TEXTS,
-                       before_publish: Callable[[Path], None] | None = None) -> Path:
+                       before_publish: Callable[[Path], None] | None = None,
+                       lock_wait_s: float = 600.0) -> Path:
     """Writes ``<base_dir>/<model_name>/<version>/`` atomically and the server configs beside it.
+
+    The whole export holds ``<base_dir>/.export.lock``: a second export at the same time waits
+    for it (up to ``lock_wait_s``, saying who holds it) and then takes the next version number;
+    leftovers of a killed export (``.tmp-*``) are removed first.
 
     Args:
       model: a built Transformer with trained weights.
@@ -387,23 +471,22 @@ def export_saved_model(model: Any, tokenizer: Any, base_dir: str | os.PathLike,
       sample_texts: sentences translated in-process and stored for the verifier.
       before_publish: called with the complete temporary directory before it is renamed into
         place (e.g. the verifier); if it raises, nothing is published.
+      lock_wait_s: how long to wait for another export of the same base to finish.
 
     Returns:
       The final version directory.
 
     Raises:
-      ExportError: an invalid option, or ``version`` already exists.
+      ExportError: an invalid option, ``version`` already exists, or another export still holds
+        the export base after ``lock_wait_s``.
     """
     options = options or ServingOptions()
     if not re.match(r"^[A-Za-z0-9_.\-]+$", model_name or ""):
         raise ExportError(f"Model name {model_name!r} must use letters, digits, '_', '-', '.'.")
-    model_dir = Path(base_dir) / model_name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    version = _next_version(model_dir, int(version))
-    final = model_dir / str(version)
-    tmp = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
     translator = Translator(model, tokenizer, options)
-    try:
+    with _new_version(base_dir, model_name, int(version), lock_wait_s, after_publish=lambda:
+                      write_server_configs(base_dir, model_name, options.max_batch_size)
+                      ) as (version, tmp):
         archive = keras.export.ExportArchive()
         archive.track(model)
         archive.track(tokenizer)
@@ -435,9 +518,4 @@ def export_saved_model(model: Any, tokenizer: Any, base_dir: str | os.PathLike,
         }, indent=2, ensure_ascii=False), encoding="utf-8")
         if before_publish is not None:
             before_publish(tmp)
-        os.rename(tmp, final)  # atomic on one filesystem; a server never sees a partial version
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    write_server_configs(base_dir, model_name, options.max_batch_size)
-    return final
+    return Path(base_dir) / model_name / str(version)

@@ -12,12 +12,13 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from aiayn.pipeline import config as config_lib
-from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.fileio import atomic_write
 
 STAGES = ("data", "vocab", "train", "evaluate", "export")
 
@@ -105,7 +106,8 @@ def _write_json(path: Path, data: Any) -> None:
 def _score_line(report: dict[str, Any] | None) -> str:
     if not report:
         return "-"
-    return (f"BLEU {report.get('bleu', float('nan')):.2f}  chrF {report.get('chrf', float('nan')):.2f}"
+    nan = float("nan")
+    return (f"BLEU {report.get('bleu', nan):.2f}  chrF {report.get('chrf', nan):.2f}"
             f"   [{report.get('bleu_signature', '')}]")
 
 
@@ -120,7 +122,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("host", summary.get("host")),
     ]
     if train:
-        rows += [("steps", train.get("steps")),
+        rows += [("steps", f"{train.get('steps')} ({train.get('end_state', 'complete')}, "
+                           f"stopped by {train.get('stop_reason', '?')})"),
                  ("target tokens/s", train.get("tokens_per_second")),
                  ("final weights", train.get("final_weights"))]
     if "dev" in summary:

@@ -10,9 +10,8 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+from aiayn.pipeline.training import artifacts, checkpoints  # noqa: E402
 from aiayn.pipeline.training import callbacks as cb  # noqa: E402
-from aiayn.pipeline.training import checkpoints  # noqa: E402
-from aiayn.pipeline.training import artifacts  # noqa: E402
 from aiayn.pipeline.training.averaging import average_weight_files  # noqa: E402
 
 
@@ -72,8 +71,8 @@ def test_model_weight_files_skip_the_optimizer_and_load_into_an_uncompiled_model
 
 def test_step_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
     model = _dense_model()
-    _fit(model, 12, [cb.Budget(max_steps=9), checkpoints.StepCheckpoints(tmp_path, every=2, keep=3)],
-         steps_per_epoch=4)
+    _fit(model, 12, [cb.Budget(max_steps=9),
+                     checkpoints.StepCheckpoints(tmp_path, every=2, keep=3)], steps_per_epoch=4)
     steps = [s for s, _ in artifacts.list_checkpoints(tmp_path)]
     # 2, 4, 6, 8 and the final 9; the last three are kept.
     assert steps == [6, 8, 9]
@@ -199,12 +198,142 @@ def test_target_tokens_counts_real_tokens_and_progress_reports_tokens_per_second
     assert {"step", "loss", "learning_rate", "tokens_per_s"} <= set(csv_header)
 
 
-def test_restored_epoch_reads_the_backup_and_falls_back_to_the_previous_one(tmp_path):
-    assert checkpoints.restored_epoch(tmp_path) == 0
-    (tmp_path / "latest.weights.h5").write_bytes(b"x")
-    (tmp_path / "training_metadata.json").write_text('{"epoch": 3, "batch": 0}')
-    assert checkpoints.restored_epoch(tmp_path) == 3
-    (tmp_path / "training_metadata.json").write_text("{corrupt")
-    (tmp_path / "latest.weights.h5.bkp").write_bytes(b"x")
-    (tmp_path / "training_metadata.json.bkp").write_text('{"epoch": 2, "batch": 0}')
-    assert checkpoints.restored_epoch(tmp_path) == 2
+# ---------------------------------------------------------------------------------------------
+# The resumable backup: written crash-safely, repaired on start
+
+
+def _backed_up(tmp_path, epochs: int = 2):
+    """A backup after ``epochs`` epochs of 2 steps: latest = epoch ``epochs``, .bkp = one less."""
+    backup = tmp_path / "backup"
+    _fit(_dense_model(), 2 * epochs, [checkpoints.ResumableBackup(backup)], steps_per_epoch=2)
+    return backup
+
+
+def _epochs_run_on_resume(backup, epochs: int = 4) -> list[int]:
+    ran = []
+    counter = keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: ran.append(e))
+    _fit(_dense_model(), 2 * epochs, [checkpoints.ResumableBackup(backup, stream=io.StringIO()),
+                                      counter], steps_per_epoch=2)
+    return ran
+
+
+def test_backup_states_are_whole_and_tagged_with_one_id(tmp_path):
+    import h5py
+
+    backup = _backed_up(tmp_path)
+    assert checkpoints.check_state(backup) == (2, "")
+    assert checkpoints.check_state(backup, ".bkp") == (1, "")
+    assert checkpoints.restored_epoch(backup) == 2
+    meta = json.loads((backup / "training_metadata.json").read_text())
+    with h5py.File(backup / "latest.weights.h5") as f:
+        assert f.attrs["aiayn_backup_id"] == meta["backup_id"]
+    with np.load(backup / "extra_state.npz") as extra:
+        assert str(extra["backup_id"]) == meta["backup_id"]
+    assert not [p for p in backup.iterdir() if ".tmp" in p.name]
+    assert _epochs_run_on_resume(backup) == [2, 3]
+
+
+@pytest.mark.parametrize("damage", ["metadata_truncated", "weights_truncated",
+                                    "weights_of_a_later_save", "extra_missing"])
+def test_a_damaged_latest_state_falls_back_to_the_previous_one(tmp_path, damage):
+    backup = _backed_up(tmp_path)
+    meta, weights = backup / "training_metadata.json", backup / "latest.weights.h5"
+    if damage == "metadata_truncated":  # Keras wrote it in place: a kill mid-write
+        meta.write_text(meta.read_text()[:7])
+    elif damage == "weights_truncated":
+        weights.write_bytes(weights.read_bytes()[:300])
+    elif damage == "weights_of_a_later_save":  # killed between the weights and the metadata
+        weights.write_bytes((backup / "latest.weights.h5.bkp").read_bytes())
+    else:
+        (backup / "extra_state.npz").unlink()
+    (backup / ".training_metadata.json.0123456789ab.tmp").write_text("{")  # a killed write
+    epoch, why = checkpoints.check_state(backup)
+    assert epoch is None and why
+    assert checkpoints.restored_epoch(backup) == 1  # read-only: the previous state's epoch
+    stream = io.StringIO()
+    assert checkpoints.prepare_backup(backup, stream) == 1
+    assert "resuming from the previous one (epoch 1)" in stream.getvalue()
+    assert checkpoints.check_state(backup) == (1, "")  # the .bkp state copied over the latest
+    assert not (backup / ".training_metadata.json.0123456789ab.tmp").exists()
+    assert _epochs_run_on_resume(backup) == [1, 2, 3]
+
+
+def test_a_backup_without_any_whole_state_is_discarded_with_a_note(tmp_path):
+    backup = _backed_up(tmp_path)
+    for name in ("training_metadata.json", "training_metadata.json.bkp"):
+        (backup / name).write_text("{not json")
+    stream = io.StringIO()
+    assert checkpoints.prepare_backup(backup, stream) == 0
+    assert "no usable state" in stream.getvalue() and "starts again from step 0" in \
+        stream.getvalue()
+    assert not backup.exists()
+    assert _epochs_run_on_resume(backup, epochs=2) == [0, 1]
+
+
+def test_a_backup_written_by_keras_itself_is_still_restored(tmp_path):
+    backup = tmp_path / "backup"
+    _fit(_dense_model(), 4, [keras.callbacks.BackupAndRestore(str(backup),
+                                                              delete_checkpoint=False)],
+         steps_per_epoch=2)
+    assert checkpoints.check_state(backup) == (2, "")  # no ids: HDF5 and metadata checked
+    assert _epochs_run_on_resume(backup) == [2, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# Divergence: the loss itself, and nothing saved after it
+
+
+class _NanLossAt(keras.callbacks.Callback):
+    """Makes the loss of batch ``at`` (0-based, over the run) non-finite: the dense kernel is NaN
+    during that batch only (as a loss-scale optimizer would leave the weights: it skips the
+    update), then restored."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.seen, self.saved = at, 0, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.seen == self.at:
+            kernel = self.model.get_layer("dense").kernel
+            self.saved = keras.ops.convert_to_numpy(kernel)
+            kernel.assign(np.full_like(self.saved, np.nan))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.seen == self.at:
+            self.model.get_layer("dense").kernel.assign(self.saved)
+        self.seen += 1
+
+
+def test_divergence_guard_stops_on_a_nan_loss_and_blocks_every_writer(tmp_path):
+    model = _dense_model()
+    stream = io.StringIO()
+    guard = cb.DivergenceGuard(stream)
+    assert isinstance(guard, keras.callbacks.TerminateOnNaN)
+    ckpts = checkpoints.StepCheckpoints(tmp_path / "ckpt", every=1, keep=10,
+                                        skip_if=lambda: guard.diverged)
+    backup = checkpoints.ResumableBackup(tmp_path / "backup", skip_if=lambda: guard.diverged)
+    evaluator = cb.DevEvaluator(lambda s: list(s), ["a b c d"], ["a b c d"], every=1,
+                                best_path=tmp_path / "best.weights.h5", stream=io.StringIO(),
+                                skip_if=lambda: guard.diverged)
+    # Batch 5 (0-based) is the 2nd batch of the 2nd epoch: steps 1-5 are good.
+    _fit(model, 12, [backup, guard, ckpts, evaluator, _NanLossAt(5)], steps_per_epoch=4)
+    assert guard.diverged and guard.step == 6 and not np.isfinite(guard.loss)
+    assert "non-finite loss" in stream.getvalue() and "at step 6" in stream.getvalue()
+    assert [s for s, _ in artifacts.list_checkpoints(tmp_path / "ckpt")] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in evaluator.results] == [1, 2, 3, 4, 5]
+    assert checkpoints.restored_epoch(tmp_path / "backup") == 1  # the cut epoch: no backup
+
+
+def test_signal_stop_stops_at_the_next_batch_end():
+    import signal
+
+    model = _dense_model()
+    stopper = cb.SignalStop()
+
+    class SendAt(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 2:
+                stopper.handle(signal.SIGTERM)
+
+    _fit(model, 10, [SendAt(), stopper])
+    assert stopper.received == "SIGTERM" and cb.current_step(model) == 3

@@ -10,11 +10,10 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from aiayn.pipeline.training import callbacks as cb  # noqa: E402
-from aiayn.pipeline.training import artifacts  # noqa: E402
-from aiayn.pipeline.training import averaging, recipe  # noqa: E402
-from aiayn.pipeline.training import train as train_lib  # noqa: E402
 from aiayn.pipeline.config import load_config  # noqa: E402
+from aiayn.pipeline.training import artifacts, averaging, recipe  # noqa: E402
+from aiayn.pipeline.training import callbacks as cb  # noqa: E402
+from aiayn.pipeline.training import train as train_lib  # noqa: E402
 
 
 def _paper_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -86,6 +85,11 @@ def test_tiny_run_trains_and_writes_the_run_directory(tiny_run):
 
     run_dir = Path(run_dir)
     assert summary["steps"] == 20 and summary["stop_reason"] == "steps"
+    assert summary["end_state"] == "complete"
+    state = json.loads((run_dir / "train_state.json").read_text())
+    assert state["status"] == "complete" and state["summary"]["end_state"] == "complete"
+    assert (run_dir / "train.lock").read_text() == "", "the lock is released, naming nobody"
+    assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
     assert summary["tokens_per_second"] > 0
     for name in ("config.yaml", "history.json", "history.csv", "averaging.json",
                  "final.weights.h5", "best.weights.h5", "train_state.json"):
@@ -149,3 +153,90 @@ def test_average_command_and_evaluate_on_the_tiny_run(tiny_run):
     assert len(saved["samples"]) == 3 and {"source", "reference", "hypothesis"} <= \
         set(saved["samples"][0])
     assert saved["decode"] == dataclasses.asdict(cfg.decode)
+
+
+def test_a_second_train_on_a_run_directory_in_use_is_refused_naming_the_holder(tiny_run,
+                                                                              capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from aiayn.pipeline import cli
+    from aiayn.pipeline.fileio import LockHeld
+
+    cfg, _ = tiny_run
+    lock = f"{cfg.train.run_dir}/train.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from aiayn.pipeline.fileio import hold_lock\n"
+         f"with hold_lock({lock!r}, 'x'):\n    print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeld, match=f"in use by pid {holder.pid} on host"):
+            train_lib.train(cfg)
+        code = cli.main(["train", "--preset", "tiny",
+                         "--set", f"train.run_dir={cfg.train.run_dir}"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"pid {holder.pid}" in err
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    # The holder died: its lock is taken over (the finished run's summary comes back).
+    assert train_lib.train(cfg)["end_state"] == "complete"
+    assert "taking over the lock of pid" in capsys.readouterr().out
+
+
+def _session_that_ended(diverged=False, signal_name=None, early=False, budget=None):
+    session = object.__new__(train_lib._Session)
+    session.guard = cb.DivergenceGuard()
+    session.guard.step = 7 if diverged else None
+    session.stopper = cb.SignalStop()
+    session.stopper.received = signal_name
+    session.evaluator = type("E", (), {"stopped_early": early})()
+    session.budget = cb.Budget(10)
+    session.budget.reason = budget
+    return session
+
+
+@pytest.mark.parametrize("ended, expected", [
+    ({"budget": "steps"}, ("complete", "steps")),
+    ({}, ("complete", "steps")),  # fit ran all its batches
+    ({"early": True}, ("complete", "early_stopping")),
+    ({"budget": "time"}, ("time_budget", "time")),
+    ({"diverged": True, "budget": "steps"}, ("diverged", "nan")),
+    ({"signal_name": "SIGTERM"}, ("interrupted", "interrupted")),
+    ({"signal_name": "SIGTERM", "budget": "steps"}, ("complete", "steps")),  # it had finished
+    ({"signal_name": "SIGINT", "budget": "steps"}, ("interrupted", "interrupted")),
+    ({"signal_name": "SIGTERM", "diverged": True}, ("diverged", "nan")),
+])
+def test_end_state_mapping(ended, expected):
+    assert _session_that_ended(**ended).end_state() == expected
+
+
+def test_a_rerun_returns_finished_runs_refuses_diverged_ones_and_resumes_the_rest(tmp_path):
+    import io
+
+    from aiayn.pipeline.errors import UserInputError
+
+    files = artifacts.RunFiles(tmp_path)
+    assert train_lib._previous_end(files, io.StringIO()) is None
+    summary = {"steps": 12, "end_state": "time_budget", "stop_reason": "time"}
+    files.train_state.write_text(json.dumps({"status": "time_budget", "summary": summary}))
+    files.final.write_bytes(b"weights")
+    stream = io.StringIO()
+    assert train_lib._previous_end(files, stream) == summary
+    assert "already holds a finished run (12 steps, time_budget)" in stream.getvalue()
+    files.train_state.write_text(json.dumps({"status": "interrupted", "summary": {}}))
+    assert train_lib._previous_end(files, io.StringIO()) is None  # resume
+    ckpt = str(files.checkpoint(4))
+    files.train_state.write_text(json.dumps({"status": "diverged", "summary": {
+        "diverged_at_step": 6, "last_good_checkpoint": ckpt, "last_good_step": 4,
+        "resume_from_step": 3}}))
+    with pytest.raises(UserInputError) as err:
+        train_lib._previous_end(files, io.StringIO())
+    message = str(err.value)
+    assert "diverged (non-finite loss at step 6)" in message and ckpt in message
+    assert "train.learning_rate_scale" in message and "fresh train.run_dir" in message
+    assert f"delete {files.train_state}" in message and "\n" not in message

@@ -14,7 +14,9 @@ one factory and one layout::
         history.json, .csv       loss, learning rate, tokens/s, dev BLEU/chrF per logged step
         dev_eval_state.json      the dev-BLEU callback's best step and score
         tensorboard/             the same as TensorBoard scalars
-        train_state.json         status (complete once final.weights.h5 is written), summary
+        train_state.json         status (the run's end state: complete, time_budget, diverged,
+                                 interrupted) and its summary
+        train.lock               held by the training process (pid, host, start, command)
         eval/<split>.hyp.txt     hypotheses of `aiayn evaluate`, and eval/<split>.json
         summary.json, curves.png the closing summary of `aiayn run`, the training curves
         model_card.md            the model card
@@ -51,7 +53,7 @@ class RunFiles:
     root: Path
 
     @classmethod
-    def of(cls, cfg: Config) -> "RunFiles":
+    def of(cls, cfg: Config) -> RunFiles:
         return cls(Path(cfg.train.run_dir).expanduser())
 
     config = property(lambda self: self.root / "config.yaml")
@@ -65,6 +67,7 @@ class RunFiles:
     dev_eval_state = property(lambda self: self.root / "dev_eval_state.json")
     tensorboard = property(lambda self: self.root / "tensorboard")
     train_state = property(lambda self: self.root / "train_state.json")
+    lock = property(lambda self: self.root / "train.lock")
     eval_dir = property(lambda self: self.root / "eval")
     summary = property(lambda self: self.root / "summary.json")
     curves = property(lambda self: self.root / "curves.png")

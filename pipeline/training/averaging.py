@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -21,12 +22,17 @@ import numpy as np
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
-from aiayn.pipeline.training.artifacts import (RunFiles, build_model, dev_sample, list_checkpoints,
-                                               load_model_weights, load_tokenizer,
-                                               save_model_weights, weights_load_error)
+from aiayn.pipeline.training.artifacts import (
+    RunFiles,
+    build_model,
+    dev_sample,
+    list_checkpoints,
+    load_model_weights,
+    load_tokenizer,
+    save_model_weights,
+    weights_load_error,
+)
 from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
-
-
 
 
 def average_weight_files(model: keras.Model, paths: Sequence[str | os.PathLike]) -> None:

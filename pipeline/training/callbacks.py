@@ -18,10 +18,11 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import keras
 import numpy as np
@@ -187,6 +188,72 @@ class Budget(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class DivergenceGuard(keras.callbacks.TerminateOnNaN):
+    """Stops training at the first non-finite (NaN or inf) loss and records where.
+
+    It looks at the loss itself, so it works under every precision policy: with
+    ``mixed_float16`` the loss-scale optimizer skips the update of a non-finite step and the
+    weights stay finite, so NaN weights would never show it. Put it first among the callbacks:
+    the writers after it (checkpoints, backup, dev evaluation) ask :attr:`diverged` and keep
+    nothing from the bad step on.
+
+    Attributes:
+      step: the optimizer step whose loss was not finite (``None``: no divergence);
+        ``last_finite_step`` = ``step - 1``, the last update computed from a finite loss.
+      loss: that loss value.
+    """
+
+    def __init__(self, stream=None):
+        super().__init__()
+        self.stream = stream or sys.stdout
+        self.step: int | None = None
+        self.loss: float | None = None
+        self._last_step = 0
+
+    @property
+    def diverged(self) -> bool:
+        return self.step is not None
+
+    def on_train_begin(self, logs=None):
+        self.step, self.loss = None, None
+        self._last_step = current_step(self.model)
+
+    def on_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if self.step is not None or loss is None:
+            return
+        value = np.asarray(keras.ops.convert_to_numpy(loss), dtype="float64")
+        if np.all(np.isfinite(value)):
+            self._last_step = current_step(self.model)
+            return
+        # Float32 applied the bad update (NaN weights); a loss-scale optimizer skipped it. Either
+        # way it was update number last_step + 1.
+        self.step, self.loss = self._last_step + 1, float(value.ravel()[0])
+        self.model.stop_training = True
+        self.stream.write(f"non-finite loss ({self.loss}) at step {self.step}: training "
+                          "stopped; nothing from this step on is saved.\n")
+        self.stream.flush()
+
+
+class SignalStop(keras.callbacks.Callback):
+    """Turns a signal into a clean stop at the next batch end; ``received`` names it.
+
+    ``handle`` is the signal handler (train() installs it for SIGTERM while ``fit`` runs);
+    ``received`` may also be set by hand (``"SIGINT"`` after a KeyboardInterrupt).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.received: str | None = None
+
+    def handle(self, signum, frame=None) -> None:
+        self.received = signal.Signals(signum).name
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.received is not None:
+            self.model.stop_training = True
+
+
 def _accuracy(logs: dict) -> float | None:
     for key, value in logs.items():
         if "acc" in key:
@@ -337,6 +404,7 @@ class DevEvaluator(keras.callbacks.Callback):
       history: a :class:`RunHistory` receiving ``dev_bleu`` / ``dev_chrf`` at the step.
       state_path: JSON file holding best score and patience counter across restarts.
       evaluate_at_end: also evaluate the final step if it was not just evaluated.
+      skip_if: no evaluation (hence no best weights) while it returns true (a diverged run).
 
     Attributes:
       best_bleu, best_step, results (list of dicts with step, bleu, chrf, seconds).
@@ -347,7 +415,7 @@ class DevEvaluator(keras.callbacks.Callback):
                  best_path: str | os.PathLike | None = None, patience: int = 0,
                  history: RunHistory | None = None, state_path: str | os.PathLike | None = None,
                  summary_dir: str | os.PathLike | None = None, evaluate_at_end: bool = False,
-                 write: bool = True, stream=None):
+                 write: bool = True, stream=None, skip_if: Callable[[], bool] | None = None):
         super().__init__()
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} dev sources but {len(references)} references.")
@@ -363,6 +431,7 @@ class DevEvaluator(keras.callbacks.Callback):
         self.evaluate_at_end = evaluate_at_end
         self.write = write
         self.stream = stream or sys.stdout
+        self.skip_if = skip_if
         self.best_bleu = -1.0
         self.best_step = -1
         self.bad_evals = 0
@@ -439,8 +508,11 @@ class DevEvaluator(keras.callbacks.Callback):
                               f"{self.best_step}.\n")
         return result
 
+    def _skipped(self) -> bool:
+        return self.skip_if is not None and self.skip_if()
+
     def on_train_batch_end(self, batch, logs=None):
-        if self.every <= 0:
+        if self.every <= 0 or self._skipped():
             return
         step = current_step(self.model)
         if step > 0 and step % self.every == 0 and step != self._last_eval_step:
@@ -448,7 +520,8 @@ class DevEvaluator(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         step = current_step(self.model)
-        if self.evaluate_at_end and step != self._last_eval_step and step > 0:
+        if (self.evaluate_at_end and step != self._last_eval_step and step > 0
+                and not self._skipped()):
             self.evaluate(step)
         if self.writer is not None:
             self.writer.close()

@@ -5,7 +5,7 @@ Handlers import the library lazily so that ``aiayn --help`` answers without load
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def _cmd_train(args, cfg):

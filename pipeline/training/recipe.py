@@ -21,8 +21,6 @@ from aiayn.pipeline.training.artifacts import dummy_features
 from aiayn.pipeline.training.callbacks import TargetTokens
 
 
-
-
 @keras.saving.register_keras_serializable(package="aiayn")
 class AccumulatedSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Feeds ``schedule`` the update step when gradients are accumulated.

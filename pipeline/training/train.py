@@ -21,25 +21,33 @@ Run directory (``train.run_dir``):
     tensorboard/             the same as TensorBoard scalars
     averaging.json           last vs. average of the last N (vs. best) on dev; the choice
     final.weights.h5         the chosen weights (evaluate and export read these)
-    train_state.json         status (complete once final.weights.h5 is written) and summary
+    train_state.json         status (the end state, see train()) and summary
+    train.lock               held while training (one `aiayn train` per run directory)
 
 Resumption after a crash or preemption (SIGKILL included): ``BackupAndRestore`` restores model,
 optimizer (hence the schedule step) and epoch at the last epoch boundary; the dropout RNG state
-and the training clock come back with it (:class:`~aiayn.pipeline.training.callbacks.ResumableBackup`),
-and the data position is restored by skipping the batches that were consumed, so a resumed run
-sees the same batches as an uninterrupted one (bit-identical with ``train.deterministic``).
+and the training clock come back with it
+(:class:`~aiayn.pipeline.training.checkpoints.ResumableBackup`, which also writes the backup
+crash-safely and repairs it on start), and the data position is restored by skipping the batches
+that were consumed, so a resumed run sees the same batches as an uninterrupted one
+(bit-identical with ``train.deterministic``). Every file of the run is written atomically;
+temporaries left by a killed write are removed when the next run takes the lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -49,11 +57,16 @@ from aiayn.pipeline.config import Config, write_config
 from aiayn.pipeline.data.corpus import split_path
 from aiayn.pipeline.data.dataset import make_train_dataset
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.fileio import atomic_write
+from aiayn.pipeline.fileio import atomic_write, describe_holder, hold_lock, remove_leftovers
 from aiayn.pipeline.training import callbacks as cb
-from aiayn.pipeline.training import checkpoints
-from aiayn.pipeline.training import distribute
-from aiayn.pipeline.training.artifacts import RunFiles, build_model, dev_sample, load_tokenizer
+from aiayn.pipeline.training import checkpoints, distribute
+from aiayn.pipeline.training.artifacts import (
+    RunFiles,
+    build_model,
+    dev_sample,
+    list_checkpoints,
+    load_tokenizer,
+)
 from aiayn.pipeline.training.averaging import select_final_weights
 from aiayn.pipeline.training.recipe import compile_model
 from aiayn.pipeline.training.validation import make_translator, translate_sentences
@@ -66,24 +79,46 @@ def _train_path(cfg: Config) -> Path:
     return path
 
 
-def make_input(cfg: Config, tokenizer, strategy: tf.distribute.Strategy, skip_steps: int):
+def make_input(cfg: Config, tokenizer, strategy: tf.distribute.Strategy, skip_steps: int,
+               stream=None):
     """The training input: per-replica token-budget batches, positioned after ``skip_steps``.
 
     One replica: the ``tf.data.Dataset`` itself. Several: ``distribute_datasets_from_function``
     so each replica gets its own ``data.token_budget`` batch; each input pipeline (one per
     worker) takes every n-th batch of the same seeded stream, so workers never see the same
     batch.
+
+    First the training split is tokenised once and the length filter's counts (kept, dropped
+    too long, dropped empty) are printed as one line on ``stream`` (default stdout) and, by the
+    chief, recorded in ``<data_dir>/data_report.json`` under ``training_length_filter``.
+
+    Raises:
+      UserInputError: no prepared data, or no pair fits ``data.max_length`` (raised here, at
+        once: the repeated pipeline would otherwise never yield a batch).
     """
+    from aiayn.pipeline.data.corpus import update_report
+    from aiayn.pipeline.data.dataset import length_filter_counts
+
     path = _train_path(cfg)
     accum = cfg.train.gradient_accumulation_steps
     seed = cfg.data.seed
+    counts = length_filter_counts(path, tokenizer, cfg.data)
+    stream = stream or sys.stdout
+    stream.write(f"training length filter (data.max_length={counts['max_length']}): kept "
+                 f"{counts['kept']} of {counts['pairs']} pairs of {path}; dropped "
+                 f"{counts['dropped_too_long']} too long, {counts['dropped_empty']} with an empty "
+                 "source\n")
+    stream.flush()
+    if distribute.is_chief():
+        update_report(cfg.data.data_dir, training_length_filter={
+            key: value for key, value in counts.items() if key != "files"} | {"file": str(path)})
 
     if strategy.num_replicas_in_sync == 1:
-        ds = make_train_dataset(path, tokenizer, cfg.data, seed)
+        ds = make_train_dataset(path, tokenizer, cfg.data, seed, length_counts=counts)
         return ds.skip(skip_steps * accum) if skip_steps else ds
 
     def dataset_fn(ctx: tf.distribute.InputContext):
-        ds = make_train_dataset(path, tokenizer, cfg.data, seed)
+        ds = make_train_dataset(path, tokenizer, cfg.data, seed, length_counts=counts)
         if ctx.num_input_pipelines > 1:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
         per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
@@ -105,17 +140,70 @@ def _worker_index() -> int:
     return int(json.loads(raw).get("task", {}).get("index", 0)) if raw else 0
 
 
-def _finished_summary(files: RunFiles, stream) -> dict[str, Any] | None:
-    """The stored summary when the run directory already holds a finished run."""
-    if not (files.train_state.exists() and files.final.exists()):
+END_STATES = ("complete", "time_budget", "diverged", "interrupted")
+FINISHED = ("complete", "time_budget")  # final.weights.h5 written; a re-run returns the summary
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on SIGTERM or Ctrl-C; the run is recorded as ``interrupted`` and its
+    backup kept, so the same command resumes it."""
+
+
+def _lock_path(files: RunFiles) -> Path:
+    """The chief's ``train.lock``; another worker's own (it writes its own ``backup-worker<i>``)."""
+    distribute.tf_config_cluster()  # an invalid TF_CONFIG: UserInputError, before is_chief parses
+    if distribute.is_chief():
+        return files.lock
+    return files.root / f"train-worker{_worker_index()}.lock"
+
+
+def _last_good_checkpoint(files: RunFiles) -> tuple[int, Path] | None:
+    ckpts = list_checkpoints(files.checkpoints)
+    return ckpts[-1] if ckpts else None
+
+
+def _diverged_advice(files: RunFiles, summary: dict[str, Any]) -> str:
+    good = summary.get("last_good_checkpoint")
+    where = (f"The last good checkpoint is {good} (step {summary.get('last_good_step')}; "
+             "`aiayn evaluate` and `aiayn export` take it with --weights)" if good
+             else "No checkpoint was written before it")
+    return (f"{where}. To train again, use a fresh train.run_dir with a lower "
+            "train.learning_rate_scale or more train.warmup_steps; or continue this run from "
+            f"its last good backup (step {summary.get('resume_from_step', 0)}) with such a "
+            f"setting: delete {files.train_state} and run again with the new --set.")
+
+
+def _previous_end(files: RunFiles, stream) -> dict[str, Any] | None:
+    """What an earlier run in this directory left: its summary if it finished, None to train.
+
+    Raises:
+      UserInputError: the run diverged (re-running it unchanged would diverge again).
+    """
+    try:
+        state = json.loads(files.train_state.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet (the file is written atomically, never partly)
         return None
-    state = json.loads(files.train_state.read_text())
-    if state.get("status") != "complete":
-        return None
-    stream.write(f"{files.root} already holds a finished run ({state['summary']['steps']} "
-                 "steps); remove the directory or choose another train.run_dir to "
-                 "train again.\n")
-    return state["summary"]
+    status, summary = state.get("status"), state.get("summary") or {}
+    if status in FINISHED and files.final.exists():
+        stream.write(f"{files.root} already holds a finished run ({summary.get('steps')} steps, "
+                     f"{status}); remove the directory or choose another train.run_dir to "
+                     "train again.\n")
+        return summary
+    if status == "diverged":
+        raise UserInputError(
+            f"{files.root} holds a run that diverged (non-finite loss at step "
+            f"{summary.get('diverged_at_step')}); running it again unchanged would diverge "
+            f"again. {_diverged_advice(files, summary)}")
+    return None  # no run yet, or an interrupted one: train (resuming from the backup)
+
+
+def _remove_run_leftovers(files: RunFiles) -> None:
+    """Temporaries of killed atomic writes of the files training owns (under its lock; the
+    checkpoint and backup folders are cleaned by their callbacks)."""
+    names = {p.name for p in (files.config, files.best, files.final, files.averaging,
+                              files.history_json, files.history_csv, files.dev_eval_state,
+                              files.train_state)}
+    remove_leftovers(files.root, names)
 
 
 class _Session:
@@ -139,13 +227,14 @@ class _Session:
         t = cfg.train
         self.backup_dir = (self.files.backup if self.chief
                            else self.files.root / f"backup-worker{_worker_index()}")
-        self.skip_steps = checkpoints.restored_epoch(self.backup_dir) * t.steps_per_epoch
+        self.skip_steps = checkpoints.prepare_backup(self.backup_dir, stream) * t.steps_per_epoch
         self.dataset = make_input(cfg, self.tokenizer, self.strategy, self.skip_steps)
         self.history = cb.RunHistory(self.files.root, write=self.chief)
         self.history.truncate(self.skip_steps)
         self.clock = cb.TrainingClock()
         self.budget = cb.Budget(t.steps, t.max_minutes, self.clock)
-        self.nan_guard = keras.callbacks.TerminateOnNaN()
+        self.guard = cb.DivergenceGuard(stream)
+        self.stopper = cb.SignalStop()
         self.pairs = dev_sample(cfg, t.eval_max_sentences) if t.eval_every > 0 else []
         self.evaluator = None
         self.progress = cb.ProgressLogger(
@@ -156,6 +245,10 @@ class _Session:
     def _metrics_dir(self) -> Path | None:
         return self.files.tensorboard / "metrics" if self.chief else None
 
+    def _stopping(self) -> bool:
+        """True once nothing more may be saved: a non-finite loss, or SIGTERM."""
+        return self.guard.diverged or self.stopper.received is not None
+
     def _dev_evaluator(self) -> cb.DevEvaluator:
         t, translator = self.cfg.train, make_translator(self.cfg, self.model, self.tokenizer)
         return cb.DevEvaluator(
@@ -164,14 +257,20 @@ class _Session:
             [s for s, _ in self.pairs], [r for _, r in self.pairs], every=t.eval_every,
             best_path=self.files.best, patience=t.early_stopping_patience,
             history=self.history, state_path=self.files.dev_eval_state,
-            summary_dir=self._metrics_dir(), write=self.chief, stream=self.stream)
+            summary_dir=self._metrics_dir(), write=self.chief, stream=self.stream,
+            skip_if=self._stopping)
 
     def callbacks(self, extra: Sequence[keras.callbacks.Callback]) -> list:
         t = self.cfg.train
+        # Order matters: the backup restores the model before the others read its step; the
+        # guard and the signal stop run before the writers at each batch end.
         callbacks: list[keras.callbacks.Callback] = [
-            checkpoints.ResumableBackup(self.backup_dir, self.clock), self.budget, self.nan_guard,
-            checkpoints.StepCheckpoints(self.files.checkpoints, t.checkpoint_every, t.keep_checkpoints,
-                               write=self.chief),
+            checkpoints.ResumableBackup(self.backup_dir, self.clock, skip_if=self._stopping,
+                                        stream=self.stream),
+            self.guard, self.stopper, self.budget,
+            checkpoints.StepCheckpoints(self.files.checkpoints, t.checkpoint_every,
+                                        t.keep_checkpoints, write=self.chief,
+                                        skip_if=self._stopping),
         ]
         if self.pairs:
             self.evaluator = self._dev_evaluator()
@@ -196,17 +295,50 @@ class _Session:
         self.stream.flush()
         return n_params
 
-    def stop_reason(self) -> str:
-        if self.nan_guard.model is not None and _weights_have_nan(self.model):
-            return "nan"
+    def end_state(self) -> tuple[str, str]:
+        """``(end state, stop reason)`` of the fit that just ended (the mapping: train())."""
+        if self.guard.diverged:
+            return "diverged", "nan"
+        if self.stopper.received == "SIGINT":  # Ctrl-C: whatever fit had reached
+            return "interrupted", "interrupted"
         if self.evaluator is not None and self.evaluator.stopped_early:
-            return "early_stopping"
-        return self.budget.reason or "steps"
+            return "complete", "early_stopping"
+        if self.budget.reason == "time":
+            return "time_budget", "time"
+        if self.budget.reason == "steps" or self.stopper.received is None:
+            return "complete", "steps"
+        return "interrupted", "interrupted"
 
 
 def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
           stream=None) -> dict[str, Any]:
     """Trains the Transformer of ``cfg`` on the prepared data; resumes if a backup exists.
+
+    One process per run directory: training holds ``<run_dir>/train.lock`` (another worker of
+    a cluster its own ``train-worker<i>.lock``); a second ``train`` on the directory fails at
+    once, naming the holder (pid, host, start time, command). The lock of a process that died
+    is taken over.
+
+    A run ends in one of four states, recorded as ``status`` in ``train_state.json`` and as
+    ``end_state`` (with ``stop_reason``) in the summary:
+
+    - ``complete``, stop_reason ``steps`` (``train.steps`` reached, or all of fit's batches run)
+      or ``early_stopping`` (dev BLEU stopped improving): the final weights are chosen, the
+      backup deleted. A re-run returns the stored summary.
+    - ``time_budget``, stop_reason ``time``: ``train.max_minutes`` of training (all attempts
+      counted) used up; the final weights are chosen from the checkpoints, as for ``complete``.
+      A re-run returns the stored summary.
+    - ``diverged``, stop_reason ``nan``: a non-finite (NaN or inf) loss, seen on the loss under
+      every precision policy. Nothing from that step on is written (no checkpoint, backup, best
+      or final weights); the summary adds ``diverged_at_step``, ``non_finite_loss``,
+      ``last_good_checkpoint``/``last_good_step`` and ``resume_from_step`` (the backup, kept).
+      Raises UserInputError naming the last good checkpoint and what to do; so does a re-run.
+    - ``interrupted``, stop_reason ``interrupted``: SIGTERM (training stops at the next batch
+      end) or Ctrl-C during fit. The backup of the last epoch boundary is kept (the summary's
+      ``resume_from_step``); raises TrainingInterrupted (a KeyboardInterrupt). The same
+      command resumes.
+
+    A killed process (SIGKILL, power loss) records nothing: the same command resumes it.
 
     Args:
       cfg: the run configuration (``data``, ``model``, ``train``, ``decode``).
@@ -214,33 +346,66 @@ def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
       stream: where progress lines go (default stdout).
 
     Returns:
-      A summary: ``steps``, ``stop_reason`` (steps | time | early_stopping | nan),
-      ``train_seconds``, ``tokens_per_second`` (real target tokens), ``final_weights``,
-      ``dev_bleu``/``dev_chrf`` of the chosen weights, ``averaging`` (the report), the
-      resolved ``strategy``, ``replicas``, ``mixed_precision`` and ``jit_compile``.
+      A summary: ``steps``, ``end_state``, ``stop_reason``, ``train_seconds``,
+      ``tokens_per_second`` (real target tokens), ``final_weights``, ``dev_bleu``/``dev_chrf``
+      of the chosen weights, ``averaging`` (the report), the resolved ``strategy``,
+      ``replicas``, ``mixed_precision`` and ``jit_compile``.
 
     Raises:
-      UserInputError: missing data or vocabulary, an invalid TF_CONFIG, or a diverged run.
+      UserInputError: missing data or vocabulary, an invalid TF_CONFIG, the run directory in
+        use by another process (``LockHeld``), or a diverged run (now or before).
+      TrainingInterrupted: SIGTERM or Ctrl-C (recorded as ``interrupted``).
     """
     stream = stream or sys.stdout
-    finished = _finished_summary(RunFiles.of(cfg), stream)
-    if finished is not None:
-        return finished
+    files = RunFiles.of(cfg)
+    files.root.mkdir(parents=True, exist_ok=True)
+    with hold_lock(_lock_path(files), f"The run directory {files.root}") as lock:
+        if lock["previous"]:
+            stream.write(f"(taking over the lock of {describe_holder(lock['previous'])}, which "
+                         "ended without releasing it)\n")
+        finished = _previous_end(files, stream)
+        if finished is not None:
+            return finished
+        if distribute.is_chief():
+            _remove_run_leftovers(files)
+        return _train_locked(cfg, extra_callbacks, stream)
+
+
+@contextlib.contextmanager
+def _sigterm_stops(stopper: cb.SignalStop):
+    """SIGTERM -> a clean stop at the next batch end, while fit runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stopper.handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback],
+                  stream) -> dict[str, Any]:
     s = _Session(cfg, stream)
     t = cfg.train
     callbacks = s.callbacks(extra_callbacks)
     n_params = s.announce()
     s.clock.start()
     session_start = time.monotonic()
-    s.model.fit(s.dataset, epochs=math.ceil(t.steps / t.steps_per_epoch), shuffle=False,
-                steps_per_epoch=t.steps_per_epoch * t.gradient_accumulation_steps,
-                callbacks=callbacks, verbose=0)
+    try:
+        with _sigterm_stops(s.stopper):
+            s.model.fit(s.dataset, epochs=math.ceil(t.steps / t.steps_per_epoch), shuffle=False,
+                        steps_per_epoch=t.steps_per_epoch * t.gradient_accumulation_steps,
+                        callbacks=callbacks, verbose=0)
+    except KeyboardInterrupt:
+        s.stopper.received = "SIGINT"
     session_seconds = time.monotonic() - session_start
-    step, stop_reason = cb.current_step(s.model), s.stop_reason()
-    stream.write(f"training stopped at step {step} ({stop_reason}) after "
+    step = cb.current_step(s.model)
+    end_state, stop_reason = s.end_state()
+    stream.write(f"training stopped at step {step} ({stop_reason}; {end_state}) after "
                  f"{s.clock.elapsed() / 60:.1f} min of training.\n")
     summary: dict[str, Any] = {
-        "steps": step, "stop_reason": stop_reason,
+        "steps": step, "end_state": end_state, "stop_reason": stop_reason,
         "train_seconds": round(s.clock.elapsed(), 1),
         "tokens_per_second": round(s.progress.tokens_total_session / max(session_seconds, 1e-9),
                                    1),
@@ -250,29 +415,45 @@ def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
     }
     if s.evaluator is not None:
         summary["dev_history"] = s.evaluator.results
+    if end_state in FINISHED:
+        if s.chief:
+            _finish(s, summary)
+        return summary
+    summary["resume_from_step"] = checkpoints.restored_epoch(s.backup_dir) * t.steps_per_epoch
+    if end_state == "diverged":
+        good = _last_good_checkpoint(s.files)
+        summary.update({"diverged_at_step": s.guard.step, "non_finite_loss": str(s.guard.loss),
+                        "last_good_checkpoint": str(good[1]) if good else None,
+                        "last_good_step": good[0] if good else None})
+        if s.chief:
+            _record(s.files, summary)
+        raise UserInputError(
+            f"Training diverged: the loss was {s.guard.loss} at step {s.guard.step}, so nothing "
+            f"from that step on was saved (no final.weights.h5). "
+            f"{_diverged_advice(s.files, summary)}")
     if s.chief:
-        _finish(s, summary)
-    return summary
+        _record(s.files, summary)
+    message = (f"training interrupted ({s.stopper.received}) at step {step}; the backup "
+               f"(step {summary['resume_from_step']}) is kept: run the same command to resume.")
+    stream.write(message + "\n")
+    stream.flush()
+    raise TrainingInterrupted(message)
+
+
+def _record(files: RunFiles, summary: dict[str, Any]) -> None:
+    """``train_state.json``: the end state and the summary (atomically)."""
+    atomic_write(files.train_state, json.dumps({"status": summary["end_state"],
+                                                "summary": summary}, indent=2,
+                                               ensure_ascii=False))
 
 
 def _finish(s: _Session, summary: dict[str, Any]) -> None:
-    """Chief only: choose and write the final weights, mark the run complete, drop backups."""
-    if summary["stop_reason"] == "nan":
-        raise UserInputError(
-            f"Training diverged (NaN loss) at step {summary['steps']}. Lower "
-            "train.learning_rate_scale or raise train.warmup_steps, then train again in a "
-            "fresh train.run_dir.")
+    """Chief only: choose and write the final weights, record the end state, drop backups."""
     report = select_final_weights(s.cfg, s.model, s.tokenizer, s.pairs or None,
                                   stream=s.stream)
     chosen = report["candidates"][report["chosen"]]
     summary.update({"final_weights": report["final_weights"], "averaging": report,
                     "dev_bleu": chosen.get("bleu"), "dev_chrf": chosen.get("chrf")})
-    atomic_write(s.files.train_state, json.dumps({"status": "complete", "summary": summary},
-                                                 indent=2, ensure_ascii=False))
+    _record(s.files, summary)
     for d in s.files.root.glob("backup*"):
         shutil.rmtree(d, ignore_errors=True)
-
-
-def _weights_have_nan(model: keras.Model) -> bool:
-    return any(not np.all(np.isfinite(keras.ops.convert_to_numpy(v)))
-               for v in model.trainable_weights)

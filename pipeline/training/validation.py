@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -26,7 +27,7 @@ from aiayn.models.tokenizer import SubwordTokenizer
 from aiayn.pipeline.config import Config
 
 # One Translator (one traced graph) per model and settings; weak so models can be freed.
-_TRANSLATORS: "weakref.WeakKeyDictionary[keras.Model, dict]" = weakref.WeakKeyDictionary()
+_TRANSLATORS: weakref.WeakKeyDictionary[keras.Model, dict] = weakref.WeakKeyDictionary()
 
 
 def serving_options(cfg: Config) -> ServingOptions:
