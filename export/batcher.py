@@ -11,7 +11,7 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

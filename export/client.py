@@ -17,8 +17,9 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from aiayn.export.codec import protos_to_python, tensors_to_python, texts_proto, texts_tensor
 from aiayn.export.saved_model import NBEST_SIGNATURE, SERVING_SIGNATURE, list_versions

@@ -11,7 +11,8 @@ One place for the conversions both sides of the wire make:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf

@@ -122,7 +122,7 @@ class ServingOptions:
                               f"({self.beam_size}).")
 
     @classmethod
-    def from_configs(cls, decode: Any, export: Any) -> "ServingOptions":
+    def from_configs(cls, decode: Any, export: Any) -> ServingOptions:
         """Builds options from the ``decode`` and ``export`` config sections (duck-typed)."""
         return cls(beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                    max_extra_length=decode.max_extra_length, n_best=decode.n_best,
@@ -183,7 +183,8 @@ class Translator(tf.Module):
         features = self._encode(text)
         empty, truncated = features.empty, features.truncated
         out = self.model.generate(
-            features.token_ids, features.padding_mask, bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
+            features.token_ids, features.padding_mask, bos_id=self.tokenizer.bos_id,
+            eos_id=self.tokenizer.eos_id,
             beam_size=self.options.beam_size, length_penalty=self.options.length_penalty,
             max_extra_length=self.options.max_extra_length, n_best=n_best)
         token_ids = tf.convert_to_tensor(out["token_ids"])  # (batch, n_best, out_len)

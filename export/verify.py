@@ -28,8 +28,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from aiayn.export.saved_model import NBEST_SIGNATURE, SAMPLES_FILE, SERVING_SIGNATURE
 
@@ -90,7 +91,9 @@ def shape_text(shape):
     if shape.unknown_rank:
         return "unknown_rank"
     dims = [d.size for d in shape.dim]
-    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")" if dims else "()"
+    if not dims:
+        return "()"
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 lines = ["MetaGraphDef with tag-set: '%s' contains the following SignatureDefs:" %
          ", ".join(sm.meta_graphs[0].meta_info_def.tags), ""]
@@ -126,8 +129,8 @@ for key in ("serving_default", "n_best") if loaded is not None else ():
     for name, value in result.items():
         value = value.numpy()
         if value.dtype == object:
-            out[name] = [[b.decode("utf-8") for b in row] if value.ndim == 2 else row.decode("utf-8")
-                         for row in value.tolist()]
+            out[name] = [[b.decode("utf-8") for b in row] if value.ndim == 2
+                         else row.decode("utf-8") for row in value.tolist()]
         else:
             out[name] = value.tolist()
     outputs[key] = out

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from aiayn.export import saved_model as sm
 from aiayn.export.verify import VerificationError, verify_export
 from aiayn.pipeline.config import Config, config_text
