@@ -5,7 +5,7 @@ scoring), 24 steps of 3-step epochs, float32 with deterministic ops, in real sub
 tests/test_train_reliability.py. One run directory goes through a chain of attempts, each ended
 differently: SIGTERM and SIGKILL at random moments (seeded; set ``AIAYN_FAULT_SEED`` to try
 another seed), and SIGKILL inside a checkpoint write, between the backup's weights and metadata,
-inside the backup's ``.bkp`` copy and inside the final weights' write (``AIAYN_FAULT``, see
+and inside the final weights' write (``AIAYN_FAULT``, see
 pipeline/fileio.py). Then the same command once more: it completes with exactly the weights of
 an uninterrupted run. Also: a NaN loss under mixed_float16, a killed export, concurrent exports.
 The whole file takes about 3 minutes on 2 CPU cores.
@@ -199,10 +199,10 @@ def test_killed_anywhere_the_same_command_still_ends_with_the_uninterrupted_weig
     assert state["status"] == state["summary"]["end_state"] == "interrupted"
     assert state["summary"]["resume_from_step"] >= 3 and _backup_epoch(run_dir) >= 1
 
-    # 2-6: each killed differently; each resumes from what the previous one left.
+    # 2-5: each killed differently; each resumes from what the previous one left.
     kills = [("fault", "write:ckpt-*.weights.h5@1"), ("random", 1.0),
              ("fault", "write:training_metadata.json@1"),
-             ("fault", "write:latest.weights.h5.bkp@1"), ("fault", "write:final.weights.h5@1")]
+             ("fault", "write:final.weights.h5@1")]
     outputs = []
     for kind, arg in kills:
         if kind == "fault":

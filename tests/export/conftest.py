@@ -46,8 +46,10 @@ def trained_model(export_cfg, toy_tokenizer, toy_pairs):
 
     from aiayn.pipeline.training.artifacts import build_model
 
-    # No keras.utils.set_random_seed here: tf.random.set_seed in eager mode resets the context
-    # and destroys the session-scoped tokenizer's SentencePiece resource.
+    # Seeded, so the model (and what it answers) does not depend on which tests ran before.
+    # Seeding clears TensorFlow's kernel cache; the tokenizer re-creates its SentencePiece
+    # resource on its next call (SubwordTokenizer._op).
+    keras.utils.set_random_seed(20261201)
     model = build_model(export_cfg, toy_tokenizer)
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(
