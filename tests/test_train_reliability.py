@@ -1,7 +1,7 @@
 """Reliability and scale-out of training, in real subprocesses (slow; CI runs them).
 
-* SIGKILL mid-training, then the same command again: the run resumes from its backup and ends at
-  the same step as an uninterrupted run, with bit-identical weights under deterministic ops.
+(SIGKILL and resume to bit-identical weights: tests/test_train_faults.py.)
+
 * MultiWorkerMirroredStrategy with two worker processes on localhost: both end with identical
   weights, and the loss follows a one-worker run with the same global batch.
 """
