@@ -35,6 +35,7 @@ from tensorflow_serving.apis import (
 )
 
 from aiayn.export.codec import array_to_proto
+from aiayn.export.manager import model_status_proto
 from aiayn.export.predictor import (
     Predictor,
     batch_too_large,
@@ -43,7 +44,7 @@ from aiayn.export.predictor import (
     not_strings,
     signature_or_default,
 )
-from aiayn.export.servables import model_status_proto, signature_def_map
+from aiayn.export.servables import signature_def_map
 from aiayn.export.serving_errors import HTTP_STATUS, ServingError, clip, invalid
 
 log = logging.getLogger("aiayn.export.server")

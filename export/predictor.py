@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import tensorflow as tf
 
-from aiayn.export.servables import ModelManager, Servable
+from aiayn.export.manager import ModelManager
+from aiayn.export.servables import Servable
 from aiayn.export.serving_errors import ServingError, clip, closest, invalid, tf_error_to_serving
 
 log = logging.getLogger("aiayn.export.server")

@@ -37,8 +37,9 @@ from aiayn.export.http_server import (
     error_response,
     json_response,
 )
+from aiayn.export.manager import model_status_proto
 from aiayn.export.predictor import Predictor, batch_too_large, signature_or_default
-from aiayn.export.servables import model_status_proto, signature_def_map
+from aiayn.export.servables import signature_def_map
 from aiayn.export.serving_errors import ServingError, clip, closest, invalid
 
 log = logging.getLogger("aiayn.export.server")

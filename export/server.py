@@ -35,8 +35,9 @@ Example::
     server.stop()
 
 The pieces, one module each: :mod:`aiayn.export.serving_errors` (TF Serving's status codes),
-:mod:`aiayn.export.batcher` (request batching), :mod:`aiayn.export.servables` (loaded versions
-and the version manager), :mod:`aiayn.export.model_config` (``models.config``),
+:mod:`aiayn.export.batcher` (request batching), :mod:`aiayn.export.servables` (a loaded version),
+:mod:`aiayn.export.manager` (the version manager), :mod:`aiayn.export.model_config`
+(``models.config``),
 :mod:`aiayn.export.predictor` (validation and Predict, shared by both front ends),
 :mod:`aiayn.export.http_server` (the bounded HTTP server), :mod:`aiayn.export.rest` and
 :mod:`aiayn.export.grpc_api` (the front ends);
@@ -53,9 +54,9 @@ import time
 from pathlib import Path
 
 from aiayn.export.http_server import HttpLimits, PooledHTTPServer
+from aiayn.export.manager import ModelManager
 from aiayn.export.predictor import Predictor
 from aiayn.export.rest import make_rest_server
-from aiayn.export.servables import ModelManager
 
 log = logging.getLogger("aiayn.export.server")
 
