@@ -13,6 +13,7 @@ keras = pytest.importorskip("keras")
 from aiayn.pipeline.training import artifacts, checkpoints  # noqa: E402
 from aiayn.pipeline.training import callbacks as cb  # noqa: E402
 from aiayn.pipeline.training.averaging import average_weight_files  # noqa: E402
+from aiayn.pipeline.training.dev_bleu import DevEvaluator  # noqa: E402
 
 
 def _dense_model(seed: int = 0) -> keras.Model:
@@ -129,7 +130,7 @@ def test_dev_evaluator_scores_tracks_the_best_and_stops_early(tmp_path):
                 self.model.get_layer("dense").get_weights()[0].copy()
 
     snapshot = Snapshot()
-    evaluator = cb.DevEvaluator(_ScriptedTranslator(references), sources, references, every=2,
+    evaluator = DevEvaluator(_ScriptedTranslator(references), sources, references, every=2,
                                 best_path=tmp_path / "best.weights.h5", patience=2,
                                 history=history, state_path=tmp_path / "dev_state.json",
                                 stream=stream)
@@ -161,7 +162,7 @@ def test_dev_evaluator_resumes_best_and_patience_from_its_state(tmp_path):
     (tmp_path / "dev_state.json").write_text(json.dumps(state))
     model = _dense_model()
     _fit(model, 4, [])  # the restored model is at step 4
-    evaluator = cb.DevEvaluator(lambda s: ["x"] * len(s), ["src"], references, every=0,
+    evaluator = DevEvaluator(lambda s: ["x"] * len(s), ["src"], references, every=0,
                                 patience=2, state_path=tmp_path / "dev_state.json")
     evaluator.set_model(model)
     evaluator.on_train_begin()
@@ -312,7 +313,7 @@ def test_divergence_guard_stops_on_a_nan_loss_and_blocks_every_writer(tmp_path):
     ckpts = checkpoints.StepCheckpoints(tmp_path / "ckpt", every=1, keep=10,
                                         skip_if=lambda: guard.diverged)
     backup = checkpoints.ResumableBackup(tmp_path / "backup", skip_if=lambda: guard.diverged)
-    evaluator = cb.DevEvaluator(lambda s: list(s), ["a b c d"], ["a b c d"], every=1,
+    evaluator = DevEvaluator(lambda s: list(s), ["a b c d"], ["a b c d"], every=1,
                                 best_path=tmp_path / "best.weights.h5", stream=io.StringIO(),
                                 skip_if=lambda: guard.diverged)
     # Batch 5 (0-based) is the 2nd batch of the 2nd epoch: steps 1-5 are good.

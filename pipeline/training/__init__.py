@@ -2,8 +2,9 @@
 
     train.py       train(cfg): strategy, model, data, callbacks, fit, the final weights
     recipe.py      Adam + the §5.3 schedule, label-smoothed loss, compile (Keras workarounds)
-    callbacks.py   dev BLEU, time/step budgets, the non-finite-loss guard, the SIGTERM stop,
-                   progress, history, the target-token metric
+    callbacks.py   time/step budgets, the non-finite-loss guard, the SIGTERM stop, progress,
+                   history, the target-token metric
+    dev_bleu.py    dev BLEU during training: the best weights, early stopping
     checkpoints.py step checkpoints and the resumable backup (crash-safe, repaired on start)
     averaging.py   checkpoint averaging and the choice of final.weights.h5 on dev
     validation.py  translate with the served graph, score with sacreBLEU (shared with evaluation)

@@ -68,6 +68,7 @@ from aiayn.pipeline.training.artifacts import (
     load_tokenizer,
 )
 from aiayn.pipeline.training.averaging import select_final_weights
+from aiayn.pipeline.training.dev_bleu import DevEvaluator
 from aiayn.pipeline.training.recipe import compile_model
 from aiayn.pipeline.training.validation import make_translator, translate_sentences
 
@@ -249,9 +250,9 @@ class _Session:
         """True once nothing more may be saved: a non-finite loss, or SIGTERM."""
         return self.guard.diverged or self.stopper.received is not None
 
-    def _dev_evaluator(self) -> cb.DevEvaluator:
+    def _dev_evaluator(self) -> DevEvaluator:
         t, translator = self.cfg.train, make_translator(self.cfg, self.model, self.tokenizer)
-        return cb.DevEvaluator(
+        return DevEvaluator(
             lambda sources: translate_sentences(translator, sources,
                                                 batch_size=self.cfg.decode.batch_size),
             [s for s, _ in self.pairs], [r for _, r in self.pairs], every=t.eval_every,
