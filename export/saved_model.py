@@ -53,7 +53,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from aiayn.export.codec import texts_proto, to_python
+from aiayn.export.codec import to_python
 from aiayn.export.fileio import (
     LockHeld,
     atomic_write,
@@ -62,11 +62,15 @@ from aiayn.export.fileio import (
     hold_lock,
     remove_leftovers,
 )
+from aiayn.export.warmup import (
+    INPUT_KEY,
+    NBEST_SIGNATURE,
+    SERVING_SIGNATURE,
+    warmup_texts,
+    write_warmup_requests,
+)
 from aiayn.models.limits import source_limit
 
-SERVING_SIGNATURE = "serving_default"
-NBEST_SIGNATURE = "n_best"
-INPUT_KEY = "text"
 WARMUP_FILE = "tf_serving_warmup_requests"
 SAMPLES_FILE = "verify_samples.json"
 MODELS_CONFIG = "models.config"
@@ -280,81 +284,6 @@ def write_server_configs(base_dir: str | os.PathLike, model_name: str,
     atomic_write(config, models_config_text(base, names))
     atomic_write(batching, batching_parameters_text(max_batch_size))
     return config, batching
-
-
-# -- warmup ------------------------------------------------------------------------------------
-def _text_of_length(tokenizer: Any, n_tokens: int, offset: int) -> str:
-    """A deterministic sentence of about ``n_tokens`` subword pieces of the vocabulary."""
-    specials = {tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id}
-    ordinary = [i for i in range(min(tokenizer.vocabulary_size, 4096)) if i not in specials]
-    ids = [ordinary[(offset + 7 * k) % len(ordinary)] for k in range(max(n_tokens, 1))]
-    text = tokenizer.detokenize(tf.ragged.constant([ids], dtype=tf.int32))
-    return text.numpy()[0].decode("utf-8", errors="replace")
-
-
-def warmup_texts(tokenizer: Any, bucket_boundaries: Sequence[int], limit: int) -> list[str]:
-    """One sentence per length bucket (capped at the input limit)."""
-    lengths = sorted({min(b, limit) for b in bucket_boundaries} | {min(4, limit)})
-    texts = []
-    for i, n in enumerate(lengths):
-        # Detokenise-then-tokenise need not round-trip: shorten until it fits the limit (a
-        # warmup request that the export rejects would stop the server loading the version).
-        for k in range(n, 0, -1):
-            text = _text_of_length(tokenizer, k, offset=i)
-            count = int(tokenizer.tokenize(tf.constant([text])).row_lengths()[0])
-            if count <= limit:
-                texts.append(text)
-                break
-    return texts
-
-
-def write_warmup_requests(path: str | os.PathLike, model_name: str, texts: Sequence[str],
-                          batch_sizes: Sequence[int] = (1, 8), n_best_texts: int = 1) -> int:
-    """Writes PredictionLog records (PredictRequests) TF Serving replays before serving.
-
-    Args:
-      path: ``assets.extra/tf_serving_warmup_requests``.
-      model_name: the servable name in each request's ModelSpec.
-      texts: one text per length bucket; each becomes a request per batch size.
-      batch_sizes: batch sizes to warm (the batcher pads to these shapes).
-      n_best_texts: how many of the texts also warm the ``n_best`` signature.
-
-    Returns:
-      The number of records written (TF Serving reads at most 1000).
-    """
-    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
-
-    count = 0
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        def emit(signature: str, batch: list[str]) -> None:
-            nonlocal count
-            request = predict_pb2.PredictRequest()
-            request.model_spec.name = model_name
-            request.model_spec.signature_name = signature
-            request.inputs[INPUT_KEY].CopyFrom(texts_proto(batch))
-            log = prediction_log_pb2.PredictionLog(
-                predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(log.SerializeToString())
-            count += 1
-
-        for text in texts:
-            for size in batch_sizes:
-                emit(SERVING_SIGNATURE, [text] * size)
-        for text in texts[:n_best_texts]:
-            emit(NBEST_SIGNATURE, [text])
-    return count
-
-
-def read_warmup_requests(path: str | os.PathLike) -> list[Any]:
-    """Parses the warmup file back into PredictionLog protos (for tests and the verifier)."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    logs = []
-    for record in tf.data.TFRecordDataset(str(path)):
-        log = prediction_log_pb2.PredictionLog()
-        log.ParseFromString(record.numpy())
-        logs.append(log)
-    return logs
 
 
 # -- the export --------------------------------------------------------------------------------

@@ -22,11 +22,8 @@ import tensorflow_text  # noqa: F401  registers the SentencePiece ops, as the st
 
 from aiayn.export.batcher import Batcher
 from aiayn.export.codec import texts_tensor
-from aiayn.export.saved_model import (
-    SAMPLES_FILE,
-    WARMUP_FILE,
-    read_warmup_requests,
-)
+from aiayn.export.saved_model import SAMPLES_FILE, WARMUP_FILE
+from aiayn.export.warmup import read_warmup_requests
 from aiayn.models.tokenizer import SubwordTokenizer
 
 log = logging.getLogger("aiayn.export.server")

@@ -73,7 +73,7 @@ def test_verifier_rejects_python_ops(tmp_path):
 
 
 def test_warmup_file_parses_as_prediction_logs(exported):
-    from aiayn.export.saved_model import read_warmup_requests
+    from aiayn.export.warmup import read_warmup_requests
 
     cfg, path = exported
     logs = read_warmup_requests(path / "assets.extra" / "tf_serving_warmup_requests")
