@@ -19,7 +19,9 @@ help: ## List the targets, one line each.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@# setuptools' notice about mapped editable installs is not a problem here (the test
+	@# tests/test_packaging.py checks the wheel); silence only that message.
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install the project with its test dependencies.
