@@ -91,10 +91,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     tmp = _tmp_path(path, "".join(path.suffixes))
     try:
         yield tmp
-        if tmp.exists():
-            umask = os.umask(0o022)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+        if tmp.exists():  # created by the writer itself: the usual mode (0666 minus the umask)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             fault_point(f"write:{path.name}")
@@ -107,22 +104,9 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Writes ``data`` (UTF-8 text or bytes) to ``path`` atomically; creates parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_path(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        fault_point(f"write:{path.name}")
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def leftover_target(path: str | os.PathLike) -> str | None:
