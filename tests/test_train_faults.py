@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.weights_helpers import assert_same_weights, read_weights
+
 keras = pytest.importorskip("keras")
 
 pytestmark = pytest.mark.slow
@@ -53,23 +55,6 @@ print("SUMMARY " + json.dumps({k: summary[k] for k in ("steps", "end_state")}), 
 '''
 
 STEPS = 24  # 8 epochs: room for every kill of the chain to find an epoch end still to do
-
-
-def _weights(path):
-    import h5py
-
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
-    return out
-
-
-def _assert_same_weights(a, b):
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys() and wa
-    for key in wa:
-        np.testing.assert_array_equal(wa[key], wb[key], err_msg=key)
 
 
 def _env(**extra):
@@ -228,9 +213,9 @@ def test_killed_anywhere_the_same_command_still_ends_with_the_uninterrupted_weig
     last = Attempt(script, run_dir, overrides)
     assert last.wait() == 0, last.output[-3000:]
     assert f'"steps": {STEPS}, "end_state": "complete"' in last.output
-    _assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5",
+    assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5",
                          run_dir / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5")
-    _assert_same_weights(reference / "final.weights.h5", run_dir / "final.weights.h5")
+    assert_same_weights(reference / "final.weights.h5", run_dir / "final.weights.h5")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
         sorted(p.name for p in (reference / "checkpoints").iterdir())
     assert _temporaries(run_dir) == [] and not (run_dir / "backup").exists()
@@ -303,7 +288,7 @@ def test_a_nan_loss_under_mixed_float16_ends_diverged_and_keeps_the_good_checkpo
     assert [s for s, _ in list_checkpoints(run_dir / "checkpoints")] == [2, 4]
     assert not (run_dir / "final.weights.h5").exists()
     assert restored_epoch(run_dir / "backup") == 1
-    assert all(np.isfinite(v).all() for v in _weights(ckpt4).values()
+    assert all(np.isfinite(v).all() for v in read_weights(ckpt4).values()
                if np.issubdtype(np.asarray(v).dtype, np.floating))
 
     # A re-run does not return quietly: one line, exit 2, what to do.

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.weights_helpers import assert_same_weights
+
 pytestmark = pytest.mark.slow
 
 # The command under test: `python train_script.py RUN_DIR [overrides...]`. A callback slows each
@@ -48,23 +50,6 @@ class SaveMine(keras.callbacks.Callback):
 summary = train(cfg, extra_callbacks=[Slow(), SaveMine()])
 print("SUMMARY " + __import__("json").dumps({"steps": summary["steps"]}), flush=True)
 '''
-
-
-def _weights(path):
-    import h5py
-
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
-    return out
-
-
-def _assert_same_weights(a, b):
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys() and wa
-    for key in wa:
-        np.testing.assert_array_equal(wa[key], wb[key], err_msg=key)
 
 
 def _env(**extra):
@@ -139,7 +124,7 @@ def test_multi_worker_mirrored_two_workers_on_localhost(toy_config, spm_model_pa
         assert p.returncode == 0, out[-4000:]
         assert '"steps": 20' in out
     assert "CollectiveAllReduceStrategy (2 replica(s))" in outputs[0]  # = MultiWorkerMirrored
-    _assert_same_weights(run_dir / "worker0.weights.h5", run_dir / "worker1.weights.h5")
+    assert_same_weights(run_dir / "worker0.weights.h5", run_dir / "worker1.weights.h5")
     assert (run_dir / "final.weights.h5").exists()
 
     # One worker, the same global batch: twice the per-replica token budget.
