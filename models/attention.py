@@ -27,6 +27,11 @@ Cache contract (written once; every cached call in ``aiayn.models`` follows it).
   holds each position of its hypothesis (its ancestry) and passes it as the attention mask
   (``(B, K, K * L)``), so each beam reads exactly its own history. With ``K = 1`` this is the
   layout above.
+* Growing cache (:meth:`MultiHeadAttention.call_appending`; eager or ``tf.function`` without
+  XLA, where a loop may change shapes): one row per beam, ``(N, H, t, D)`` holding exactly the
+  ``t`` positions of that row's hypothesis; each step appends one position (a concatenation)
+  and attends over all of them, no mask. Re-ranking beams gathers rows (and may drop the rows
+  of finished sentences), so a step costs what the hypotheses so far cost, not ``K * L``.
 * Cross-attention cache of one layer: ``(key, value)``, each ``(B, H, S, D)``, projected once
   from the encoder outputs by :meth:`MultiHeadAttention.project_key_value`; never updated.
 * The decoder keeps one such tuple per layer, in a tuple over layers (see ``decoder.py``).
@@ -146,6 +151,13 @@ class MultiHeadAttention(keras.layers.Layer):
     # -- scaled dot-product attention (§3.2.1) -------------------------------------------------
     def _attend(self, q, k, v, attention_mask, training):
         """q ``(B, H, T, D)``, k and v ``(B, H, S, D)`` -> ``(B, T, hidden)``, weights f32."""
+        out, weights = self._weighted_values(q, k, v, attention_mask, training)  # (B, H, T, D)
+        out = ops.transpose(out, (0, 2, 1, 3))  # (B, T, H, D)
+        out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.hidden_dim))
+        return self.output_dense(out), weights  # (B, T, hidden)
+
+    def _weighted_values(self, q, k, v, attention_mask, training):
+        """``softmax(q k^T / sqrt(D)) v`` per head: ``(B, H, T, D)``, weights f32."""
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
         # Batched matmuls over (B, H); the key transpose folds into the matmul (adjoint).
         scores = ops.matmul(q, ops.swapaxes(k, -1, -2))  # (B, H, T, S)
@@ -157,10 +169,7 @@ class MultiHeadAttention(keras.layers.Layer):
             scores = ops.where(mask, scores, mask_value(scores.dtype))
         weights = ops.softmax(scores, axis=-1)  # (B, H, T, S) float32
         probs = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
-        out = ops.matmul(probs, v)  # (B, H, T, D)
-        out = ops.transpose(out, (0, 2, 1, 3))  # (B, T, H, D)
-        out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.hidden_dim))
-        return self.output_dense(out), weights  # (B, T, hidden)
+        return ops.matmul(probs, v), weights  # (B, H, T, D)
 
     def _qkv(self, query, value):
         if self.self_attention:
@@ -206,6 +215,45 @@ class MultiHeadAttention(keras.layers.Layer):
             q = self._project_query(query)
         output, _ = self._attend(q, cache[0], cache[1], attention_mask, training=False)
         return output, cache
+
+    # -- one query per row, 2-D (the growing-cache decoding step) ------------------------------
+    def call_appending(self, query, cache):
+        """Self-attention of one new position per row over a growing cache (no mask).
+
+        Args:
+          query: ``(N, hidden)``, one new position per row (2-D: every projection is then one
+            plain matmul).
+          cache: ``(key_cache, value_cache)`` each ``(N, H, t, D)``: exactly the positions
+            this row attends to (its own hypothesis); ``t`` may be 0.
+
+        Returns:
+          ``(output (N, hidden), cache)`` with the new key and value appended:
+          ``(N, H, t + 1, D)``.
+        """
+        qkv = ops.split(self.qkv_dense(query), 3, axis=-1)  # 3 x (N, hidden)
+        q, k_new, v_new = (ops.reshape(t, (-1, self.num_heads, 1, self.head_dim)) for t in qkv)
+        cache = tuple(ops.concatenate([c, ops.cast(new, c.dtype)], axis=2)
+                      for c, new in zip(cache, (k_new, v_new)))
+        out, _ = self._weighted_values(q, cache[0], cache[1], None, training=False)
+        return self.output_dense(ops.reshape(out, (-1, self.hidden_dim))), cache
+
+    def call_beams(self, query, cache, attention_mask, beam_size):
+        """Cross-attention of ``K`` beams per sentence against its one memory row.
+
+        Args:
+          query: ``(B * K, hidden)``, the K beams of a sentence adjacent.
+          cache: ``(key, value)`` each ``(B, H, S, D)`` (:meth:`project_key_value`).
+          attention_mask: bool ``(B, 1, S)`` or None.
+          beam_size: K (Python int).
+
+        Returns:
+          ``(B * K, hidden)``.
+        """
+        q = ops.reshape(self.query_dense(query), (-1, beam_size, self.num_heads, self.head_dim))
+        q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, K, D)
+        out, _ = self._weighted_values(q, cache[0], cache[1], attention_mask, training=False)
+        out = ops.transpose(out, (0, 2, 1, 3))  # (B, K, H, D)
+        return self.output_dense(ops.reshape(out, (-1, self.hidden_dim)))
 
     @staticmethod
     def _write(cache, index, new, beam_size):

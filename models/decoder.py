@@ -129,6 +129,28 @@ class TransformerDecoderLayer(keras.layers.Layer):
             training=False)
         return x, self_cache
 
+    def call_growing(self, x, self_cache, cross_cache, cross_mask, beam_size):
+        """One incremental step over a growing self-attention cache (inference: no dropout).
+
+        Args:
+          x: ``(B * K, hidden_dim)``, one row per beam (beams of a sentence adjacent).
+          self_cache: ``(key, value)`` each ``(B * K, H, t, D)`` (see
+            :meth:`MultiHeadAttention.call_appending`).
+          cross_cache: ``(key, value)`` each ``(B, H, S, D)``, one row per sentence: its K
+            beams are K queries against it.
+          cross_mask: bool ``(B, 1, S)`` or None.
+          beam_size: K (Python int).
+
+        Returns:
+          ``(output (B * K, hidden_dim), self_cache with t + 1 positions)``.
+        """
+        x, self_cache, _ = self._sublayers(
+            x, lambda h: self.self_attention.call_appending(h, self_cache),
+            lambda h: (self.cross_attention.call_beams(h, cross_cache, cross_mask, beam_size),
+                       None),
+            training=False)
+        return x, self_cache
+
     def compute_output_shape(self, input_shape):
         return input_shape
 
@@ -254,6 +276,27 @@ class TransformerDecoder(keras.layers.Layer):
         for layer, layer_self, layer_cross in zip(self.decoder_layers, self_cache, cross_cache):
             x, layer_self = layer.call_cached(x, layer_self, layer_cross, cache_index,
                                               self_mask, cross_mask, beam_size)
+            new_cache.append(layer_self)
+        return self._finish(x), tuple(new_cache)
+
+    def empty_cache(self, rows, length):
+        """A growing self-attention cache with no position yet: per layer ``(key, value)``,
+        each ``(rows, H, length, D)``. ``length`` is 0, but pass it as a tensor whose value the
+        graph cannot know (e.g. derived from the source length): a ``tf.while_loop`` accepts a
+        dimension that changes across iterations only if its static size is unknown."""
+        head_dim = self.hidden_dim // self.num_heads
+        shape = (rows, self.num_heads, length, head_dim)
+        return tuple((ops.zeros(shape, self.compute_dtype), ops.zeros(shape, self.compute_dtype))
+                     for _ in self.decoder_layers)
+
+    def call_growing(self, x, self_cache, cross_cache, encoder_padding_mask, beam_size):
+        """:meth:`DecoderLayer.call_growing` through every layer; ``x`` ``(B * K, hidden)``,
+        ``encoder_padding_mask`` bool ``(B, S)`` or None. Returns ``(output, self_cache)``."""
+        cross_mask = (None if encoder_padding_mask is None
+                      else padding_to_attention_mask(encoder_padding_mask))  # (B, 1, S)
+        new_cache = []
+        for layer, layer_self, layer_cross in zip(self.decoder_layers, self_cache, cross_cache):
+            x, layer_self = layer.call_growing(x, layer_self, layer_cross, cross_mask, beam_size)
             new_cache.append(layer_self)
         return self._finish(x), tuple(new_cache)
 

@@ -57,10 +57,15 @@ def expand_to_beams(x, beam_size):
     return ops.repeat(x, beam_size, axis=0)
 
 
-def _flat_beam_indices(beam_indices, old_beam_size):
-    """``(B, K_new)`` indices into ``K_old`` beams -> ``(B * K_new,)`` rows of a flat tensor."""
-    batch = ops.shape(beam_indices)[0]
-    offsets = ops.arange(batch, dtype="int32")[:, None] * old_beam_size  # (B, 1)
+def _flat_beam_indices(beam_indices, old_beam_size, sentences=None):
+    """``(B, K_new)`` indices into ``K_old`` beams -> ``(B * K_new,)`` rows of a flat tensor.
+
+    ``sentences`` ``(B,)``: the old sentence of each row of ``beam_indices`` (default: row b is
+    sentence b).
+    """
+    if sentences is None:
+        sentences = ops.arange(ops.shape(beam_indices)[0], dtype="int32")
+    offsets = ops.cast(sentences, "int32")[:, None] * old_beam_size  # (B, 1)
     return ops.reshape(ops.cast(beam_indices, "int32") + offsets, (-1,))  # (B * K_new,)
 
 
@@ -141,6 +146,91 @@ def gather_rows(cache, rows):
     return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), cache)
 
 
+# -- one beam-search step, shared by both searches (B sentences, K beams, L + 1 positions) ------
+def _beam_step(logits, index, alive_ids, alive_log_probs, finished_ids, finished_scores,
+               eos_id, alpha):
+    """Extends the alive beams by the logits of position ``index + 1``.
+
+    The ``2 * K`` best extensions are scored; those ending in EOS compete (score / lp(len)) for
+    the K finished slots, the others for the K alive beams.
+
+    Returns:
+      ``(alive_ids, alive_log_probs, origin, finished_ids, finished_scores)``; ``origin``
+      ``(B, K)``: the old beam each new alive beam continues.
+    """
+    k = alive_log_probs.shape[1]
+    logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    vocab = ops.shape(logp)[-1]
+    logp = unflatten_beam_dim(logp, k)  # (B, K, V)
+    candidates = alive_log_probs[:, :, None] + logp  # (B, K, V)
+    candidates = ops.reshape(candidates, (-1, k * vocab))  # (B, K * V)
+    top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (B, 2K)
+    top_beams = top_indices // vocab  # (B, 2K) which alive beam each extends
+    top_tokens = ops.cast(top_indices % vocab, "int32")  # (B, 2K)
+    top_ids = gather_beams(alive_ids, top_beams, k)  # (B, 2K, L + 1)
+    top_ids = update_at(top_ids, index + 1, top_tokens[:, :, None], axis=2)  # (B, 2K, L + 1)
+    is_eos = ops.equal(top_tokens, eos_id)  # (B, 2K)
+    real = ops.greater(top_log_probs, 0.5 * NEG_INF)  # extends a live beam
+
+    # Alive: the K best extensions that did not end (a top-2K always holds >= K of them).
+    alive_candidates = ops.where(is_eos, NEG_INF, top_log_probs)
+    alive_log_probs, alive_pick = ops.top_k(alive_candidates, k)  # (B, K)
+    alive_ids = gather_beams(top_ids, alive_pick, 2 * k)  # (B, K, L + 1)
+    origin = ops.take_along_axis(top_beams, alive_pick, axis=1)  # (B, K) parent beams
+
+    # Finished: merge the new EOS hypotheses into the K best so far.
+    new_scores = top_log_probs / length_penalty(index + 1, alpha)
+    new_scores = ops.where(ops.logical_and(is_eos, real), new_scores, NEG_INF)  # (B, 2K)
+    all_scores = ops.concatenate([finished_scores, new_scores], axis=1)  # (B, 3K)
+    all_ids = ops.concatenate([finished_ids, top_ids], axis=1)  # (B, 3K, L + 1)
+    finished_scores, finished_pick = ops.top_k(all_scores, k)  # (B, K)
+    finished_ids = gather_beams(all_ids, finished_pick, 3 * k)  # (B, K, L + 1)
+    return alive_ids, alive_log_probs, origin, finished_ids, finished_scores
+
+
+def _sentence_done(alive_log_probs, finished_scores, best_possible_lp, n_best):
+    """``(B,)`` bool: the ``n_best``-th finished score beats the best score any alive beam could
+    still reach (``alpha >= 0``: its log-prob over ``lp(max_length)``)."""
+    best_alive = alive_log_probs[:, 0] / best_possible_lp  # (B,)
+    nth_finished = finished_scores[:, n_best - 1]  # (B,), NEG_INF while < n_best finished
+    return ops.greater_equal(nth_finished, best_alive)
+
+
+def _n_best(alive_ids, alive_log_probs, finished_ids, finished_scores, generated, alpha, n_best):
+    """The n-best over finished and alive (cut at ``generated`` tokens) hypotheses by score.
+
+    This never lets an alive one displace a finished one wrongly: once a sentence is done
+    (:func:`_sentence_done`), its n-best finished scores beat every alive bound, which is >= the
+    alive score (``alpha >= 0``).
+
+    Returns:
+      ``(scores (B, n_best), sequences (B, n_best, L + 1))``.
+    """
+    k = alive_log_probs.shape[1]
+    alive_scores = alive_log_probs / length_penalty(generated, alpha)  # (B, K)
+    all_scores = ops.concatenate([finished_scores, alive_scores], axis=1)  # (B, 2K)
+    scores, pick = ops.top_k(all_scores, n_best)  # (B, n_best)
+    sequences = gather_beams(ops.concatenate([finished_ids, alive_ids], axis=1), pick, 2 * k)
+    return scores, sequences
+
+
+def _initial_beams(batch_size, k, max_length, bos_id, pad_id):
+    """``ids (B, K, L + 1)``, ``alive_log_probs (B, K)``, ``finished_scores (B, K)`` at step 0.
+
+    Only beam 0 is alive at first, so the first step does not pick K copies of one token.
+    """
+    ids = unflatten_beam_dim(_initial_ids(batch_size * k, max_length, bos_id, pad_id), k)
+    alive_log_probs = ops.tile(
+        ops.convert_to_tensor([[0.0] + [NEG_INF] * (k - 1)], dtype="float32"),
+        (batch_size, 1))
+    return ids, alive_log_probs, ops.full((batch_size, k), NEG_INF, dtype="float32")
+
+
+def _check_n_best(n_best, beam_size):
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"`n_best` must be in [1, beam_size={beam_size}]. Received: {n_best}.")
+
+
 def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, max_length,
                 length_penalty_alpha=0.6, n_best=1, reorder_fn=gather_rows):
     """Batched beam search with the GNMT length penalty; finished hypotheses are kept.
@@ -171,66 +261,96 @@ def beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size, m
     Raises:
       ValueError: ``n_best`` not in ``[1, beam_size]``.
     """
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"`n_best` must be in [1, beam_size={beam_size}]. Received: {n_best}.")
+    _check_n_best(n_best, beam_size)
     k = beam_size
     alpha = length_penalty_alpha
-    ids = unflatten_beam_dim(_initial_ids(batch_size * k, max_length, bos_id, pad_id), k)
-    # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
-    alive_log_probs = ops.tile(
-        ops.convert_to_tensor([[0.0] + [NEG_INF] * (k - 1)], dtype="float32"),
-        (batch_size, 1))  # (B, K)
+    ids, alive_log_probs, finished_scores = _initial_beams(batch_size, k, max_length, bos_id,
+                                                           pad_id)
     finished_ids = ids  # (B, K, L + 1)
-    finished_scores = ops.full((batch_size, k), NEG_INF, dtype="float32")  # (B, K)
     best_possible_lp = length_penalty(max_length, alpha)
 
     def cond(index, alive_ids, alive_log_probs, finished_ids, finished_scores, cache):
-        best_alive = alive_log_probs[:, 0] / best_possible_lp  # (B,)
-        nth_finished = finished_scores[:, n_best - 1]  # (B,), NEG_INF while < n_best finished
-        done = ops.all(ops.greater_equal(nth_finished, best_alive))
+        done = ops.all(_sentence_done(alive_log_probs, finished_scores, best_possible_lp, n_best))
         return ops.logical_and(ops.less(index, max_length), ops.logical_not(done))
 
     def body(index, alive_ids, alive_log_probs, finished_ids, finished_scores, cache):
         logits, cache = step_fn(flatten_beam_dim(alive_ids), cache, index)  # (B * K, V)
-        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        vocab = ops.shape(logp)[-1]
-        logp = unflatten_beam_dim(logp, k)  # (B, K, V)
-        candidates = alive_log_probs[:, :, None] + logp  # (B, K, V)
-        candidates = ops.reshape(candidates, (-1, k * vocab))  # (B, K * V)
-        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (B, 2K)
-        top_beams = top_indices // vocab  # (B, 2K) which alive beam each extends
-        top_tokens = ops.cast(top_indices % vocab, "int32")  # (B, 2K)
-        top_ids = gather_beams(alive_ids, top_beams, k)  # (B, 2K, L + 1)
-        top_ids = update_at(top_ids, index + 1, top_tokens[:, :, None], axis=2)  # (B, 2K, L + 1)
-        is_eos = ops.equal(top_tokens, eos_id)  # (B, 2K)
-        real = ops.greater(top_log_probs, 0.5 * NEG_INF)  # extends a live beam
-
-        # Alive: the K best extensions that did not end (a top-2K always holds >= K of them).
-        alive_candidates = ops.where(is_eos, NEG_INF, top_log_probs)
-        alive_log_probs, alive_pick = ops.top_k(alive_candidates, k)  # (B, K)
-        alive_ids = gather_beams(top_ids, alive_pick, 2 * k)  # (B, K, L + 1)
-        origin = ops.take_along_axis(top_beams, alive_pick, axis=1)  # (B, K) parent beams
+        (alive_ids, alive_log_probs, origin,
+         finished_ids, finished_scores) = _beam_step(logits, index, alive_ids, alive_log_probs,
+                                                     finished_ids, finished_scores, eos_id, alpha)
         cache = reorder_fn(cache, _flat_beam_indices(origin, k))
-
-        # Finished: merge the new EOS hypotheses into the K best so far.
-        new_scores = top_log_probs / length_penalty(index + 1, alpha)
-        new_scores = ops.where(ops.logical_and(is_eos, real), new_scores, NEG_INF)  # (B, 2K)
-        all_scores = ops.concatenate([finished_scores, new_scores], axis=1)  # (B, 3K)
-        all_ids = ops.concatenate([finished_ids, top_ids], axis=1)  # (B, 3K, L + 1)
-        finished_scores, finished_pick = ops.top_k(all_scores, k)  # (B, K)
-        finished_ids = gather_beams(all_ids, finished_pick, 3 * k)  # (B, K, L + 1)
         return index + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, cache
 
     index = ops.convert_to_tensor(0, dtype="int32")
     index, alive_ids, alive_log_probs, finished_ids, finished_scores, _ = ops.while_loop(
         cond, body, (index, ids, alive_log_probs, finished_ids, finished_scores, cache))
 
-    # n-best over finished and alive (unfinished, cut at max_length) hypotheses by score. This
-    # never lets an alive one displace a finished one wrongly: if the loop stopped early, the
-    # n-best finished scores beat every alive bound, which is >= the alive score (alpha >= 0).
-    alive_scores = alive_log_probs / length_penalty(index, alpha)  # (B, K)
-    all_scores = ops.concatenate([finished_scores, alive_scores], axis=1)  # (B, 2K)
-    scores, pick = ops.top_k(all_scores, n_best)  # (B, n_best)
-    sequences = gather_beams(ops.concatenate([finished_ids, alive_ids], axis=1), pick, 2 * k)
+    scores, sequences = _n_best(alive_ids, alive_log_probs, finished_ids, finished_scores,
+                                index, alpha, n_best)
     token_ids, lengths = _finalise(sequences, eos_id, pad_id, index)  # (B, n, L), (B, n)
     return {"token_ids": token_ids, "scores": scores, "lengths": lengths}
+
+
+def shrinking_beam_search(step_fn, cache, batch_size, bos_id, eos_id, pad_id, beam_size,
+                          max_length, length_penalty_alpha=0.6, n_best=1, reorder_fn=gather_rows):
+    """:func:`beam_search` whose batch shrinks: a sentence leaves the loop once it is done.
+
+    The same search, step for step, and the same results (up to ties between equal scores):
+    a sentence is done when its ``n_best``-th finished score beats what any alive beam could
+    still reach, and nothing it would do afterwards can change its n-best. So at the end of
+    each step its n-best are written to the output and its rows leave the batch: later steps
+    run ``step_fn`` on the sentences still searching only (at file order, a batch of 32 waits
+    for its longest sentence while most rows have long finished).
+
+    Dynamic shapes: the row count of ``ids``, of ``cache`` and of the loop's state changes
+    from step to step, and ``reorder_fn`` may grow the cache along other axes. That needs a
+    backend loop that allows it: eager execution, or ``tf.function`` with unknown (``None``)
+    batch and length dimensions; not XLA or JAX (use :func:`beam_search` there).
+
+    Args: as :func:`beam_search`, except ``reorder_fn(cache, rows)``: ``rows`` int32
+      ``(N_new,)`` with ``N_new <= N_old``, drops rows as well as re-ranking them; the
+      ``K`` rows of a sentence stay adjacent, so ``rows[::K] // K`` are the sentences kept.
+
+    Returns:
+      as :func:`beam_search`.
+    """
+    _check_n_best(n_best, beam_size)
+    k, alpha = beam_size, length_penalty_alpha
+    ids, alive_log_probs, finished_scores = _initial_beams(batch_size, k, max_length, bos_id,
+                                                           pad_id)
+    best_possible_lp = length_penalty(max_length, alpha)
+    sentences = ops.arange(batch_size, dtype="int32")  # (B_a,) row -> sentence of the batch
+    out_ids = ops.zeros((batch_size, n_best, ops.shape(ids)[2]), dtype="int32")
+    out_scores = ops.zeros((batch_size, n_best), dtype="float32")
+
+    def cond(index, sentences, *_):
+        return ops.logical_and(ops.less(index, max_length), ops.greater(ops.size(sentences), 0))
+
+    def body(index, sentences, alive_ids, alive_log_probs, finished_ids, finished_scores,
+             out_ids, out_scores, cache):
+        logits, cache = step_fn(flatten_beam_dim(alive_ids), cache, index)  # (B_a * K, V)
+        (alive_ids, alive_log_probs, origin,
+         finished_ids, finished_scores) = _beam_step(logits, index, alive_ids, alive_log_probs,
+                                                     finished_ids, finished_scores, eos_id, alpha)
+        done = ops.logical_or(
+            _sentence_done(alive_log_probs, finished_scores, best_possible_lp, n_best),
+            ops.greater_equal(index + 1, max_length))  # (B_a,)
+        leaving = ops.nonzero(done)[0]  # (M,)
+        scores, sequences = _n_best(*(ops.take(t, leaving, axis=0) for t in (
+            alive_ids, alive_log_probs, finished_ids, finished_scores)), index + 1, alpha, n_best)
+        at = ops.take(sentences, leaving)[:, None]  # (M, 1)
+        out_ids = ops.scatter_update(out_ids, at, sequences)
+        out_scores = ops.scatter_update(out_scores, at, scores)
+        staying = ops.nonzero(ops.logical_not(done))[0]  # (B_a',)
+        state = (ops.take(t, staying, axis=0) for t in (
+            sentences, alive_ids, alive_log_probs, finished_ids, finished_scores))
+        rows = _flat_beam_indices(ops.take(origin, staying, axis=0), k, staying)
+        return (index + 1, *state, out_ids, out_scores, reorder_fn(cache, rows))
+
+    index = ops.convert_to_tensor(0, dtype="int32")
+    loop_vars = (index, sentences, ids, alive_log_probs, ids, finished_scores, out_ids,
+                 out_scores, cache)
+    index, *_, out_ids, out_scores, _ = ops.while_loop(cond, body, loop_vars)
+    token_ids, lengths = _finalise(out_ids, eos_id, pad_id, index)  # (B, n, L), (B, n)
+    return {"token_ids": token_ids, "scores": out_scores, "lengths": lengths}
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import ops
 
@@ -99,19 +101,20 @@ class Transformer(keras.Model):
 
     # -- teacher forcing ----------------------------------------------------------------------
     def _logits(self, x):
-        """``(B, T, hidden)`` -> float32 ``(B, T, vocabulary_size)``."""
+        """``(B, T, hidden)`` -> float32 ``(B, T, vocabulary_size)`` (or 2-D -> 2-D)."""
+        # One 2-D matmul over all B * T positions: a (B, T, d) x (V, d)^T batched product
+        # broadcasts the table over B, and its gradient is then B per-sentence (V, d) products
+        # summed afterwards (a (B, V, d) intermediate; 1.5x the forward cost).
+        flat = ops.reshape(x, (-1, self.hidden_dim)) if len(x.shape) == 3 else x
         if self.output_projection is not None:
-            logits = self.output_projection(x)
+            logits = self.output_projection(flat)
         else:
             # §3.4: the same matrix as the embeddings (transposed), in the compute dtype.
-            # One 2-D matmul over all B * T positions: a (B, T, d) x (V, d)^T batched product
-            # broadcasts the table over B, and its gradient is then B per-sentence (V, d)
-            # products summed afterwards (a (B, V, d) intermediate; 1.5x the forward cost).
             table = ops.cast(self.embedding.embeddings, x.dtype)  # (V, hidden)
-            batch, length = ops.shape(x)[0], ops.shape(x)[1]
-            flat = ops.reshape(x, (-1, self.hidden_dim))  # (B * T, hidden)
             logits = ops.matmul(flat, ops.transpose(table))  # (B * T, V), transpose folded
-            logits = ops.reshape(logits, (batch, length, self.vocabulary_size))
+        if len(x.shape) == 3:
+            logits = ops.reshape(logits, (ops.shape(x)[0], ops.shape(x)[1],
+                                          self.vocabulary_size))
         return ops.cast(logits, "float32")
 
     def encode(self, encoder_token_ids, encoder_padding_mask, training=False):
@@ -195,8 +198,35 @@ class Transformer(keras.Model):
         logits = self._logits(ops.reshape(x, (-1, 1, self.hidden_dim)))[:, 0, :]  # (B*K, V)
         return logits, {"layers": layers, "ancestry": ancestry}
 
+    # -- growing cache, shrinking batch (dynamic shapes) ---------------------------------------
+    def growing_cache(self, memory, beam_size, length):
+        """The state of :func:`aiayn.models.decoding.shrinking_beam_search`: the encoder memory
+        (one row per sentence) and an empty growing self-attention cache (one row per beam);
+        ``length`` is a 0 the graph cannot know (see ``Decoder.empty_cache``)."""
+        rows = ops.shape(memory["encoder_padding_mask"])[0] * beam_size
+        return {"memory": memory, "layers": self.decoder.empty_cache(rows, length)}
+
+    @staticmethod
+    def reorder_growing_cache(cache, rows, beam_size):
+        """Row ``r`` continues old row ``rows[r]``; sentences whose rows are gone leave the
+        memory too (``rows[::K] // K`` are the sentences kept)."""
+        kept = ops.take(rows, ops.arange(0, ops.size(rows), beam_size), axis=0) // beam_size
+        return {"memory": keras.tree.map_structure(lambda t: ops.take(t, kept, axis=0),
+                                                   cache["memory"]),
+                "layers": keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0),
+                                                   cache["layers"])}
+
+    def decode_step_growing(self, token_ids, cache, index, beam_size):
+        """One decoder step on a :meth:`growing_cache`: ``token_ids`` ``(B * K,)`` at position
+        ``index`` -> ``(logits float32 (B * K, vocabulary_size), cache)``."""
+        x = self.embedding(token_ids[:, None], start_index=index, training=False)[:, 0]  # (BK, d)
+        memory = cache["memory"]
+        x, layers = self.decoder.call_growing(x, cache["layers"], memory["cross"],
+                                              memory["encoder_padding_mask"], beam_size)
+        return self._logits(x), {"memory": memory, "layers": layers}
+
     def generate(self, encoder_token_ids, encoder_padding_mask, bos_id, eos_id, beam_size=4,
-                 length_penalty=0.6, max_extra_length=50, n_best=1):
+                 length_penalty=0.6, max_extra_length=50, n_best=1, dynamic_shapes=False):
         """Translates a batch: encode once, then cached greedy (beam_size=1) or beam search.
 
         Graph-only (``keras.ops.while_loop``); traceable in ``tf.function`` with
@@ -210,6 +240,10 @@ class Transformer(keras.Model):
           max_extra_length: at most ``S + max_extra_length`` tokens (EOS included) are
             generated, capped at ``max_position``.
           n_best: hypotheses per sentence (<= beam_size).
+          dynamic_shapes: beam search only. True: finished sentences leave the batch and the
+            self-attention cache grows with the step (:func:`decoding.shrinking_beam_search`,
+            the fast path in eager mode or ``tf.function`` with unknown batch and source
+            length, as the export runs it); False: static shapes (XLA, JAX). Same results.
 
         Returns:
           dict ``token_ids`` int32 ``(B, n_best, L)`` (no BOS; EOS and after = pad_id),
@@ -233,11 +267,24 @@ class Transformer(keras.Model):
         max_length = ops.minimum(source_length + max_extra_length, self.max_position)
         # One row per sentence: the K beams of a sentence are K queries against it.
         memory = self.encoder_memory(self.encode(token_ids, padding_mask), padding_mask)
-        cache = self.init_cache(batch_size, max_length, beam_size)
         vocab = ops.arange(self.vocabulary_size, dtype="int32")
         banned = ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
             ops.equal(vocab, bos_id),
             ops.logical_and(ops.equal(vocab, self.pad_id), ops.not_equal(self.pad_id, eos_id)))
+
+        if beam_size > 1 and dynamic_shapes:
+            cache = self.growing_cache(memory, beam_size, length=max_length * 0)
+
+            def growing_step_fn(ids, cache, index):
+                token = ops.take(ids, index, axis=1)
+                logits, cache = self.decode_step_growing(token, cache, index, beam_size)
+                return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
+
+            return decoding.shrinking_beam_search(
+                growing_step_fn, cache, batch_size, bos_id, eos_id, self.pad_id, beam_size,
+                max_length, length_penalty, n_best,
+                reorder_fn=functools.partial(self.reorder_growing_cache, beam_size=beam_size))
+        cache = self.init_cache(batch_size, max_length, beam_size)
 
         def step_fn(ids, cache, index):
             token = ops.take(ids, index, axis=1)  # (N,) the token at position `index`

@@ -218,3 +218,62 @@ def test_beam_helpers_shapes():
     picked = ops.convert_to_numpy(decoding.gather_beams(x, np.array([[2, 0], [1, 1]]), 3))
     np.testing.assert_array_equal(picked, ops.convert_to_numpy(x)[[[0], [1]], [[2, 0], [1, 1]]])
     np.testing.assert_allclose(float(decoding.length_penalty(4, 0.6)), (9 / 6) ** 0.6, rtol=1e-6)
+
+
+# -- the shrinking search (finished sentences leave the batch; the cache grows) ---------------
+def _shrinking(table, batch=1, beam=4, max_length=6, alpha=0.0, n_best=1):
+    return _np(decoding.shrinking_beam_search(bigram_step_fn(table), (), batch, S_BOS, S_EOS,
+                                              S_PAD, beam, max_length, alpha, n_best))
+
+
+@pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 2), (1.0, 4)])
+def test_shrinking_search_equals_the_static_search_on_scripted_logits(alpha, n_best):
+    # Same search, same answers: on TABLE the sentences end after 1-3 tokens, so most leave the
+    # batch early (the step function sees fewer rows; its ids are checked by the bigram lookup).
+    for max_length in (2, 6):
+        static = _beam(TABLE, batch=3, max_length=max_length, alpha=alpha, n_best=n_best)
+        shrinking = _shrinking(TABLE, batch=3, max_length=max_length, alpha=alpha,
+                               n_best=n_best)
+        np.testing.assert_array_equal(shrinking["token_ids"], static["token_ids"])
+        np.testing.assert_array_equal(shrinking["lengths"], static["lengths"])
+        np.testing.assert_allclose(shrinking["scores"], static["scores"], rtol=1e-6)
+
+
+def test_shrinking_search_runs_each_sentence_only_until_it_is_done():
+    rows_seen = []
+
+    def counting_step(ids, cache, index):
+        rows_seen.append(int(ops.shape(ids)[0]))
+        return bigram_step_fn(TABLE)(ids, cache, index)
+
+    out = _np(decoding.shrinking_beam_search(counting_step, (), 2, S_BOS, S_EOS, S_PAD, 2, 6,
+                                             0.0, 1))
+    np.testing.assert_array_equal(out["token_ids"], _beam(TABLE, batch=2, beam=2)["token_ids"])
+    # Eager: one call per step, 2 sentences x 2 beams while searching; fewer rows once the
+    # n-best of both are settled, never a step with no sentence left.
+    assert rows_seen[0] == 4 and rows_seen == sorted(rows_seen, reverse=True)
+    assert len(rows_seen) < 6 and all(n > 0 and n % 2 == 0 for n in rows_seen)
+
+
+@pytest.mark.parametrize("beam_size,n_best", [(2, 1), (4, 3)])
+def test_generate_dynamic_shapes_equals_static_shapes(beam_size, n_best):
+    # The model's growing cache + shrinking batch against its static ancestry cache, in
+    # tf.function with unknown batch and length (as the export traces it) and eagerly. Sources
+    # of different lengths, EOS reachable: some sentences finish long before others.
+    model = make_model(dropout=0.0)
+    features = make_batch(batch=5, src_len=7)
+    ids, mask = features["encoder_token_ids"], features["encoder_padding_mask"]
+    spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.bool)]
+
+    def run(dynamic):
+        return tf.function(lambda i, m: model.generate(
+            i, m, BOS, EOS, beam_size=beam_size, n_best=n_best, max_extra_length=6,
+            dynamic_shapes=dynamic), input_signature=spec)
+
+    static, dynamic = _np(run(False)(ids, mask)), _np(run(True)(ids, mask))
+    eager = _np(model.generate(ids, mask, BOS, EOS, beam_size=beam_size, n_best=n_best,
+                               max_extra_length=6, dynamic_shapes=True))
+    for out in (dynamic, eager):
+        np.testing.assert_array_equal(out["token_ids"], static["token_ids"])
+        np.testing.assert_array_equal(out["lengths"], static["lengths"])
+        np.testing.assert_allclose(out["scores"], static["scores"], rtol=1e-4, atol=1e-5)
