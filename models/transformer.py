@@ -210,9 +210,13 @@ class Transformer(keras.Model):
     def reorder_growing_cache(cache, rows, beam_size):
         """Row ``r`` continues old row ``rows[r]``; sentences whose rows are gone leave the
         memory too (``rows[::K] // K`` are the sentences kept)."""
+        memory = cache["memory"]
         kept = ops.take(rows, ops.arange(0, ops.size(rows), beam_size), axis=0) // beam_size
-        return {"memory": keras.tree.map_structure(lambda t: ops.take(t, kept, axis=0),
-                                                   cache["memory"]),
+        memory = ops.cond(  # most steps no sentence leaves: no copy of the memory then
+            ops.less(ops.size(kept), ops.shape(memory["encoder_padding_mask"])[0]),
+            lambda: keras.tree.map_structure(lambda t: ops.take(t, kept, axis=0), memory),
+            lambda: memory)
+        return {"memory": memory,
                 "layers": keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0),
                                                    cache["layers"])}
 
