@@ -36,12 +36,18 @@ class ServingClientError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Translation:
-    """One translated sentence: the best ``text`` and its ``score``; ``n_best`` when asked."""
+    """One translated sentence: the best ``text`` and its ``score``; ``n_best`` when asked.
+
+    With ``n_best``, also what the ``n_best`` signature says of the input: ``truncated`` (over
+    the export's token limit) and ``unknown_fraction`` (the share of its characters the
+    vocabulary does not know; None where the signature does not say, e.g. ``serving_default``).
+    """
 
     text: str
     score: float
     n_best: tuple[tuple[str, float], ...] = ()
     truncated: bool = False
+    unknown_fraction: float | None = None
 
 
 def _to_translations(outputs: dict[str, Any], n_best: bool) -> list[Translation]:
@@ -50,10 +56,14 @@ def _to_translations(outputs: dict[str, Any], n_best: bool) -> list[Translation]
                 for t, s in zip(outputs["translation"], outputs["score"])]
     result = []
     truncated = outputs.get("truncated") or [False] * len(outputs["translations"])
-    for texts, scores, cut in zip(outputs["translations"], outputs["scores"], truncated):
+    # Exports made before the output existed lack it: None, "not known".
+    unknown = outputs.get("unknown_fraction") or [None] * len(outputs["translations"])
+    for texts, scores, cut, unk in zip(outputs["translations"], outputs["scores"], truncated,
+                                       unknown):
         pairs = tuple((t, float(s)) for t, s in zip(texts, scores))
         result.append(Translation(text=pairs[0][0], score=pairs[0][1], n_best=pairs,
-                                  truncated=bool(cut)))
+                                  truncated=bool(cut),
+                                  unknown_fraction=None if unk is None else float(unk)))
     return result
 
 
@@ -209,6 +219,7 @@ class LocalClient:
             path = path / str(versions[-1])
         self.path = path
         self._loaded = tf.saved_model.load(str(path))
+        self._tokenizer = None  # loaded on the first unknown_fractions() call
 
     def predict(self, texts: Sequence[str], signature_name: str = SERVING_SIGNATURE
                 ) -> dict[str, Any]:
@@ -220,6 +231,25 @@ class LocalClient:
             return []
         return _to_translations(
             self.predict(texts, NBEST_SIGNATURE if n_best else SERVING_SIGNATURE), n_best)
+
+    def unknown_fractions(self, texts: Sequence[str]) -> list[float | None]:
+        """What the ``n_best`` signature's ``unknown_fraction`` says of ``texts``, without a
+        search: the export's own SentencePiece model (``assets.extra/spm.model``) through the
+        one source featuriser, the function the exported graph runs. None for each text when
+        the export has no ``spm.model``.
+        """
+        if not texts:
+            return []
+        if self._tokenizer is None:
+            spm_path = self.path / "assets.extra" / "spm.model"
+            if not spm_path.is_file():
+                return [None] * len(texts)
+            from aiayn.models.tokenizer import SubwordTokenizer
+
+            self._tokenizer = SubwordTokenizer.from_file(spm_path)
+        # The fraction is of the whole input, whatever the limit (1: no padding work).
+        features = self._tokenizer.featurize_source(texts_tensor(texts), 1)
+        return [float(f) for f in features.unknown_fraction.numpy()]
 
 
 def connect(target: str, model_name: str = "translate", version: int | None = None,

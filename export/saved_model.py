@@ -7,6 +7,10 @@ Signatures (the contract in docs/CONTRACTS.md and docs/ARCHITECTURE.md):
     n_best            text: tf.string [None]  ->  translations: tf.string [None, n_best]
                                                   scores:       tf.float32 [None, n_best]
                                                   truncated:    tf.bool [None]
+                                                  unknown_fraction: tf.float32 [None]
+
+``unknown_fraction`` is the share of an input's characters the vocabulary does not know
+(``SubwordTokenizer.featurize_source``): near 1, the translation is a guess.
 
 Inside the graph: UTF-8 validation, SentencePiece tokenisation (``tensorflow_text``, linked into
 the stock ``tensorflow_model_server``), truncation or rejection of over-long inputs, the encoder,
@@ -185,12 +189,12 @@ class Translator(tf.Module):
 
     def _generate(self, text: tf.Tensor, n_best: int):
         features = self._encode(text)
-        empty, truncated = features.empty, features.truncated
+        empty = features.empty
         out = self.model.generate(
             features.token_ids, features.padding_mask, bos_id=self.tokenizer.bos_id,
             eos_id=self.tokenizer.eos_id,
             beam_size=self.options.beam_size, length_penalty=self.options.length_penalty,
-            max_extra_length=self.options.max_extra_length, n_best=n_best)
+            max_extra_length=self.options.max_extra_length, n_best=n_best, dynamic_shapes=True)
         token_ids = tf.convert_to_tensor(out["token_ids"])  # (batch, n_best, out_len)
         scores = tf.cast(tf.convert_to_tensor(out["scores"]), tf.float32)  # (batch, n_best)
         batch = tf.shape(token_ids)[0]
@@ -198,7 +202,7 @@ class Translator(tf.Module):
         texts = tf.reshape(self.tokenizer.detokenize(flat), [batch, n_best])  # (batch, n_best)
         texts = tf.where(empty[:, None], tf.constant("", tf.string), texts)
         scores = tf.where(empty[:, None], tf.zeros_like(scores), scores)
-        return texts, scores, truncated
+        return texts, scores, features
 
     # -- signatures ----------------------------------------------------------------------------
     def _serve(self, text):
@@ -206,8 +210,9 @@ class Translator(tf.Module):
         return {"translation": tf.reshape(texts, [-1]), "score": tf.reshape(scores, [-1])}
 
     def _serve_n_best(self, text):
-        texts, scores, truncated = self._generate(text, n_best=self.options.n_best)
-        return {"translations": texts, "scores": scores, "truncated": truncated}
+        texts, scores, features = self._generate(text, n_best=self.options.n_best)
+        return {"translations": texts, "scores": scores, "truncated": features.truncated,
+                "unknown_fraction": features.unknown_fraction}
 
     def translate(self, texts: Sequence[str], n_best: bool = False) -> dict[str, np.ndarray]:
         """In-process translation through the very functions that get exported."""

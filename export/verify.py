@@ -8,7 +8,10 @@
    ``tensorflow_model_server``), and none may be a Python callback (``PyFunc``,
    ``PyFuncStateless``, ``EagerPyFunc``); anything else is a custom op the server lacks;
 2. lists the signatures the way ``saved_model_cli show --all`` does;
-3. loads the SavedModel, runs ``serving_default`` and ``n_best`` on the sample sentences.
+3. loads the SavedModel, runs ``serving_default`` and ``n_best`` on the sample sentences;
+4. with ``replay_warmup=True``, replays ``assets.extra/tf_serving_warmup_requests`` as TF Serving
+   does before a version takes traffic (the parent parses the PredictionLogs; the child gets
+   plain strings): each request must run and answer one row per input.
 
 The parent compares those outputs with in-process translation: the outputs stored at export
 time in ``assets.extra/verify_samples.json``, or ``expected`` outputs passed in.
@@ -32,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiayn.export.saved_model import NBEST_SIGNATURE, SAMPLES_FILE, SERVING_SIGNATURE
+from aiayn.export.saved_model import NBEST_SIGNATURE, SAMPLES_FILE, SERVING_SIGNATURE, WARMUP_FILE
 
 # Python callbacks: they need the exporting Python process and do not exist in the server.
 FORBIDDEN_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -41,6 +44,7 @@ FORBIDDEN_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 _CHILD = r'''
 import json, sys
 export_dir, texts_path = sys.argv[1], sys.argv[2]
+warmup_path = sys.argv[3] if len(sys.argv) > 3 else ""
 import tensorflow as tf
 from tensorflow.core.framework import op_def_pb2
 from tensorflow.core.protobuf import saved_model_pb2
@@ -134,9 +138,33 @@ for key in ("serving_default", "n_best") if loaded is not None else ():
         else:
             out[name] = value.tolist()
     outputs[key] = out
+# Warmup replay: {"signature", "inputs": {name: [base64 bytes]}} per request, in file order.
+import base64
+warmup = {"replayed": 0, "failures": []}
+for number, req in enumerate(json.load(open(warmup_path)) if warmup_path and loaded is not None
+                             else [], start=1):
+    where = "warmup request %d (%s)" % (number, req["signature"])
+    if req["signature"] not in loaded.signatures:
+        warmup["failures"].append("%s: no such signature" % where)
+        continue
+    inputs = {k: tf.constant([base64.b64decode(v) for v in values], tf.string)
+              for k, values in req["inputs"].items()}
+    rows = min(len(v) for v in req["inputs"].values()) if req["inputs"] else 0
+    try:
+        result = loaded.signatures[req["signature"]](**inputs)
+    except Exception as err:  # what the server would log before refusing the version
+        warmup["failures"].append("%s: %s: %s" % (where, type(err).__name__,
+                                                  (str(err).strip().splitlines() or [""])[0]))
+        continue
+    wrong = {k: int(v.shape[0]) for k, v in result.items() if int(v.shape[0]) != rows}
+    if wrong:
+        warmup["failures"].append("%s: %d inputs, outputs with other row counts %s"
+                                  % (where, rows, wrong))
+        continue
+    warmup["replayed"] += 1
 ours = sorted(m for m in sys.modules if m.split(".")[0] == "aiayn")
 print(json.dumps({"ops": ops, "signatures": signatures, "signature_text": "\n".join(lines),
-                  "outputs": outputs, "imported_project_modules": ours,
+                  "outputs": outputs, "imported_project_modules": ours, "warmup": warmup,
                   "tensorflow": tf.__version__, "tensorflow_text": tensorflow_text.__version__}))
 '''
 
@@ -157,6 +185,7 @@ class VerifyReport:
       signature_text: the listing in ``saved_model_cli show --all`` form.
       outputs: signature -> outputs of the fresh-process run on ``texts``.
       texts: the sentences translated.
+      warmup_requests: warmup requests replayed successfully (0 unless ``replay_warmup``).
     """
 
     export_dir: str
@@ -166,6 +195,7 @@ class VerifyReport:
     signature_text: str
     outputs: dict[str, Any]
     texts: list[str]
+    warmup_requests: int = 0
 
     @property
     def ok(self) -> bool:
@@ -184,7 +214,7 @@ class VerifyReport:
                 "op_types_by_origin": by_origin,
                 "tensorflow_text_ops": sorted(o for o, w in self.ops.items()
                                               if w == "tensorflow_text"),
-                "signatures": sorted(self.signatures)}
+                "signatures": sorted(self.signatures), "warmup_requests": self.warmup_requests}
 
 
 def _close(a: Sequence[Any], b: Sequence[Any], atol: float) -> bool:
@@ -209,7 +239,7 @@ def compare_outputs(expected: Mapping[str, Any], actual: Mapping[str, Any],
         for name, want in outputs.items():
             if name not in got:
                 problems.append(f"{signature}: output {name!r} missing")
-            elif name in ("score", "scores"):
+            elif name in ("score", "scores", "unknown_fraction"):
                 if not _close(want, got[name], atol):
                     problems.append(f"{signature}.{name}: fresh process {got[name]} != "
                                     f"in-process {want}")
@@ -220,7 +250,8 @@ def compare_outputs(expected: Mapping[str, Any], actual: Mapping[str, Any],
 
 
 def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | None = None,
-                  texts: Sequence[str] | None = None, timeout: float = 600.0) -> VerifyReport:
+                  texts: Sequence[str] | None = None, timeout: float = 600.0,
+                  replay_warmup: bool = False) -> VerifyReport:
     """Checks an export in a fresh process (ops, signatures, outputs) and compares outputs.
 
     Args:
@@ -229,6 +260,8 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
         default: ``assets.extra/verify_samples.json`` written at export time.
       texts: sentences to translate; default: the stored samples.
       timeout: seconds allowed for the child process.
+      replay_warmup: also replay ``assets.extra/tf_serving_warmup_requests`` in the child (a
+        missing or unreadable file, or a request that fails, is a problem).
 
     Returns:
       A :class:`VerifyReport`; call ``raise_if_failed()`` to turn problems into an error.
@@ -251,11 +284,18 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
     with tempfile.TemporaryDirectory(prefix="aiayn-verify-") as tmp:
         texts_path = Path(tmp) / "texts.json"
         texts_path.write_text(json.dumps(texts), encoding="utf-8")
+        args = [str(export_dir), str(texts_path)]
+        warmup_problems: list[str] = []
+        if replay_warmup:
+            requests, warmup_problems = _warmup_requests(export_dir)
+            warmup_path = Path(tmp) / "warmup.json"
+            warmup_path.write_text(json.dumps(requests), encoding="utf-8")
+            args.append(str(warmup_path))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env.setdefault("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
         # cwd = an empty directory, so that nothing of the repository is importable by accident.
-        proc = subprocess.run([sys.executable, "-c", _CHILD, str(export_dir), str(texts_path)],
+        proc = subprocess.run([sys.executable, "-c", _CHILD, *args],
                               cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -274,7 +314,9 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
                         f"{child['imported_project_modules']}")
     sigs = child["signatures"]
     for key, outputs in ((SERVING_SIGNATURE, {"translation": "DT_STRING", "score": "DT_FLOAT"}),
-                         (NBEST_SIGNATURE, {"translations": "DT_STRING", "scores": "DT_FLOAT"})):
+                         (NBEST_SIGNATURE, {"translations": "DT_STRING", "scores": "DT_FLOAT",
+                                            "truncated": "DT_BOOL",
+                                            "unknown_fraction": "DT_FLOAT"})):
         if key not in sigs:
             problems.append(f"signature {key!r} missing")
             continue
@@ -287,6 +329,44 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
                 problems.append(f"{key}: output {name!r} must be {dtype}; got {spec}")
     if expected and child["outputs"]:
         problems += compare_outputs(expected, child["outputs"])
+    problems += warmup_problems + child["warmup"]["failures"]
     return VerifyReport(export_dir=str(export_dir), problems=problems, ops=child["ops"],
                         signatures=sigs, signature_text=child["signature_text"],
-                        outputs=child["outputs"], texts=texts)
+                        outputs=child["outputs"], texts=texts,
+                        warmup_requests=child["warmup"]["replayed"])
+
+
+def _warmup_requests(export_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The export's warmup PredictRequests as ``{"signature", "inputs"}`` (strings base64),
+    and problems reading them (no file, a record that does not parse, a non-string input)."""
+    import base64
+
+    from aiayn.export.warmup import read_warmup_requests
+
+    path = export_dir / "assets.extra" / WARMUP_FILE
+    if not path.exists():
+        return [], [f"no warmup requests ({path.relative_to(export_dir)} is missing); TF "
+                    "Serving would load the version cold"]
+    try:
+        logs = read_warmup_requests(path)
+    except Exception as err:  # a corrupt TFRecord or PredictionLog: the server refuses it too
+        return [], [f"the warmup file {path.name} cannot be read: {type(err).__name__}: "
+                    f"{(str(err).strip().splitlines() or [''])[0]}"]
+    import tensorflow as tf
+
+    requests, problems = [], []
+    for number, log in enumerate(logs, start=1):
+        request = log.predict_log.request
+        inputs = {}
+        for name, proto in request.inputs.items():
+            if proto.dtype != tf.string.as_datatype_enum:  # the signatures take strings only
+                problems.append(f"warmup request {number}: input {name!r} is "
+                                f"{tf.as_dtype(proto.dtype).name}, not a string")
+                continue
+            inputs[name] = [base64.b64encode(v).decode("ascii")
+                            for v in tf.make_ndarray(proto).reshape(-1)]
+        requests.append({"signature": request.model_spec.signature_name or SERVING_SIGNATURE,
+                         "inputs": inputs})
+    if not requests:
+        problems.append(f"the warmup file {path.name} holds no requests")
+    return requests, problems

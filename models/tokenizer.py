@@ -191,6 +191,13 @@ class SubwordTokenizer(tf.Module):
         gets a lone EOS, so that no row is all padding (attention over no keys); its
         translation is the empty string (``empty`` tells the caller).
 
+        ``unknown_fraction`` is the share of the input's characters (whitespace not counted)
+        that the vocabulary does not know, i.e. that fall inside ``<unk>`` pieces. It counts
+        characters, not pieces, because SentencePiece merges a run of unknown characters into
+        one ``<unk>``: "我爱你" for an English-Spanish vocabulary is ``▁`` + ``<unk>``, 1 of 2
+        pieces but 3 of 3 characters. The model cannot translate what it cannot see: a high
+        fraction means its output is a guess (``aiayn translate`` warns above one half).
+
         Args:
           strings: `tf.string` of shape `(batch_size,)`.
           limit: the most source tokens kept (:func:`aiayn.models.limits.source_limit`).
@@ -199,7 +206,8 @@ class SubwordTokenizer(tf.Module):
           :class:`SourceFeatures`: ``token_ids`` int32 and ``padding_mask`` bool, both
           `(batch_size, src_len)` with `1 <= src_len <= limit`; ``lengths`` int32
           `(batch_size,)`, the token count before truncation; ``truncated`` and ``empty`` bool
-          `(batch_size,)`.
+          `(batch_size,)`; ``unknown_fraction`` float32 `(batch_size,)` in [0, 1] (of the whole
+          input, before truncation; 0 for an empty one).
 
         Raises:
           ValueError: `limit` is below 1.
@@ -208,7 +216,9 @@ class SubwordTokenizer(tf.Module):
         if limit < 1:
             raise ValueError(f"`limit` must be at least 1. Received: {limit}.")
         strings = _checked_utf8(tf.convert_to_tensor(strings, dtype=tf.string))
-        pieces = self.tokenize(strings)  # (batch, (len)) int32
+        # The same SentencePiece encoding as `tokenize` (tests/test_tokenizer.py checks the ids
+        # are equal), plus each piece's byte span in the input, for the unknown fraction.
+        pieces, starts, ends = self._op.tokenize_with_offsets(strings)  # (batch, (len)) each
         lengths = tf.cast(pieces.row_lengths(), tf.int32)  # (batch,)
         kept = pieces[:, :limit]  # (batch, (len <= limit))
         batch = tf.shape(strings)[0]
@@ -225,7 +235,32 @@ class SubwordTokenizer(tf.Module):
         token_ids = tf.where(lone_eos, tf.constant(self.eos_id, tf.int32), token_ids)
         padding_mask = tf.logical_or(padding_mask, lone_eos)
         return SourceFeatures(token_ids=token_ids, padding_mask=padding_mask, lengths=lengths,
-                              truncated=lengths > limit, empty=empty)
+                              truncated=lengths > limit, empty=empty,
+                              unknown_fraction=self._unknown_fraction(strings, pieces, starts,
+                                                                      ends))
+
+    def _unknown_fraction(self, strings: tf.Tensor, pieces: tf.RaggedTensor,
+                          starts: tf.RaggedTensor, ends: tf.RaggedTensor) -> tf.Tensor:
+        """Per input, the share of its visible characters covered by ``<unk>`` pieces.
+
+        Args:
+          strings: `tf.string` `(batch,)`; pieces, starts, ends: ragged `(batch, (len))` ids
+            and byte offsets into `strings` (``tokenize_with_offsets``).
+
+        Returns:
+          float32 `(batch,)` in [0, 1]; 0 where an input has no visible character.
+        """
+        is_unk = tf.equal(pieces.flat_values, self.unk_id)  # (pieces,)
+        rows = tf.boolean_mask(pieces.value_rowids(), is_unk)  # (unk pieces,) int64
+        begin = tf.boolean_mask(starts.flat_values, is_unk)  # (unk pieces,) byte offsets
+        size = tf.boolean_mask(ends.flat_values - starts.flat_values, is_unk)
+        spans = tf.strings.substr(tf.gather(strings, rows), tf.cast(begin, tf.int32),
+                                  tf.cast(size, tf.int32))  # (unk pieces,) the unknown text
+        batch = tf.shape(strings, out_type=tf.int64)[0]
+        unknown = tf.math.unsorted_segment_sum(_visible_chars(spans), rows, batch)  # (batch,)
+        total = _visible_chars(strings)  # (batch,)
+        fraction = tf.cast(unknown, tf.float32) / tf.cast(tf.maximum(total, 1), tf.float32)
+        return tf.where(total > 0, tf.minimum(fraction, 1.0), 0.0)
 
 
 class SourceFeatures(NamedTuple):
@@ -236,6 +271,14 @@ class SourceFeatures(NamedTuple):
     lengths: tf.Tensor
     truncated: tf.Tensor
     empty: tf.Tensor
+    unknown_fraction: tf.Tensor
+
+
+def _visible_chars(strings: tf.Tensor) -> tf.Tensor:
+    """int32 `(batch,)`: characters of each string, whitespace (any Unicode space) not counted.
+    """
+    visible = tf.strings.regex_replace(strings, r"[\s\p{Z}]+", "")
+    return tf.strings.length(visible, unit="UTF8_CHAR")
 
 
 def _checked_utf8(strings: tf.Tensor) -> tf.Tensor:

@@ -19,6 +19,16 @@ def test_every_preset_loads_and_validates(name):
     assert cfg.model.hidden_dim % cfg.model.num_heads == 0
 
 
+def test_zh_en_preset_is_an_overlay_for_the_walkthrough_direction():
+    cfg = load_config(["small", "zh_en"], ["data.corpus=my-zh-en.tsv"])
+    small = load_config(["small"])
+    assert (cfg.data.source_lang, cfg.data.target_lang) == ("zh", "en")
+    assert cfg.model == small.model and cfg.train.steps == small.train.steps  # sizes kept
+    assert cfg.data.data_dir != small.data.data_dir and cfg.train.run_dir != small.train.run_dir
+    assert cfg.export.model_name != small.export.model_name  # served beside the en->es model
+    assert cfg.data.corpus == "my-zh-en.tsv" and cfg.preset == "small+zh_en"
+
+
 def test_base_and_big_follow_paper_table_3():
     base = load_config(["base"])
     assert (base.model.num_layers, base.model.hidden_dim, base.model.intermediate_dim,
@@ -146,7 +156,7 @@ BAD_VALUES = [
      "a finite number > 0"),
     ("decode.length_penalty=-0.6", "decode.length_penalty", "-0.6", "a finite number >= 0"),
     ("data.character_coverage=0.5", "data.character_coverage", "0.5",
-     "a finite number in [0.98, 1]"),
+     "a finite number: 0 (by language) or in [0.98, 1]"),
     ("data.max_length_ratio=0.5", "data.max_length_ratio", "0.5",
      "a finite number: 0 (no length-ratio check) or >= 1"),
     # not finite: 1e400 parses to inf; inf and nan are rejected everywhere
@@ -208,6 +218,11 @@ def test_yaml_values_are_checked_like_overrides(tmp_path):
     (["data.corpus="], r"`data.corpus` must not be empty"),
     (["data.data_dir= "], r"`data.data_dir` must not be empty"),
     (["data.source_lang=e n"], r"`data.source_lang` must be a language code.*got 'e n'"),
+    # the default corpus is English->Spanish: other languages need the user's own corpus
+    (["data.source_lang=zh", "data.target_lang=en"],
+     r"`data.corpus` is 'bible'.*source_lang='zh'.*--set data.corpus="),
+    (["train.bleu_tokenize=flores200"],
+     r"`train.bleu_tokenize` must be one of auto, 13a, intl, zh, ja-mecab.*got 'flores200'"),
     (["data.corpus=c.tsv", "data.dev_corpus=d.tsv"],
      r"`data.dev_corpus` and `data.test_corpus` go together.*test_corpus=''"),
     (["data.corpus=c.tsv", "data.heldout_size=0"],
@@ -229,6 +244,7 @@ def test_settings_that_relate_fields_are_checked_at_load(overrides, message):
     ["train.early_stopping_patience=0"],  # 0 = off
     ["train.clipnorm=0"],                 # 0 = no clipping
     ["data.max_length_ratio=0"],          # 0 = no length-ratio check
+    ["data.character_coverage=0"],        # 0 = by language (0.9995 for zh/ja/ko, else 1)
     ["data.vocab_sample_size=0"],         # 0 = every sentence
     ["export.version=0"],                 # 0 = the next version
     ["decode.max_extra_length=0", "decode.beam_size=1", "decode.n_best=1"],

@@ -236,3 +236,80 @@ def test_cli_translate_explain(tiny_model, toy_data_dir, tmp_path, capsys):
     assert main(["translate", *common, "--explain", str(out), "--server", "http://x:1",
                  "Jesus wept."]) == 2
     assert "--explain needs the model's weights" in capsys.readouterr().err
+
+
+# --- labels in any script: never boxes -----------------------------------------------------------
+
+CJK_LABELS = (["\u2581我", "爱", "你"], ["\u2581I", "\u2581love", "\u2581you", "</s>"])
+
+
+def _draw(fig):
+    """Renders ``fig`` with Agg; returns the messages of the warnings matplotlib gave."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.canvas.draw()
+    return [str(w.message) for w in caught]
+
+
+def test_cjk_labels_are_drawn_with_a_font_that_has_their_glyphs():
+    from matplotlib import font_manager
+
+    from aiayn.pipeline.evaluation import plots
+
+    if plots.cjk_font() is None:
+        pytest.skip("no CJK font installed (make system-deps installs fonts-wqy-zenhei)")
+    weights = np.full((2, 4, 3), 1 / 3, np.float32)
+    title = "Cross-attention: 我爱你 \u2192 I love you"
+    # Control: with the default font alone, matplotlib draws boxes and says so.
+    with plots._fonts(plots.label_fonts(["I love you"])[0]):
+        boxes = _draw(plots.heads_figure(weights, *CJK_LABELS, title, "source", "output"))
+    assert any("missing from font" in m for m in boxes)
+    families, shown = plots.label_fonts([title, *CJK_LABELS[0], *CJK_LABELS[1]])
+    assert len(families) == 2 and shown("爱") == "爱"
+    with plots._fonts(families):
+        fig = plots.heads_figure(weights, *CJK_LABELS, title, "source", "output")
+        assert not [m for m in _draw(fig) if "missing from font" in m]
+        labels = [t for ax in fig.axes[:3] for t in ax.get_xticklabels()]
+        assert [t.get_text() for t in labels[:3]] == CJK_LABELS[0]
+        for label in labels:
+            # matplotlib draws each character with the first family that has its glyph.
+            paths = [font_manager.findfont(font_manager.FontProperties(family=f),
+                                           fallback_to_default=False)
+                     for f in label.get_fontfamily()]
+            for char in label.get_text():
+                assert any(ord(char) in plots.font_charmap(p) for p in paths), (char, paths)
+        assert fig._suptitle.get_text() == title
+
+
+def test_without_a_cjk_font_labels_fall_back_to_code_points_with_a_warning(monkeypatch):
+    from aiayn.pipeline.evaluation import plots
+
+    monkeypatch.setattr(plots, "cjk_font", lambda: None)
+    with pytest.warns(UserWarning, match=r"No installed font has glyphs for '你我爱'.*"
+                                         r"fonts-wqy-zenhei"):
+        families, shown = plots.label_fonts(CJK_LABELS[0] + CJK_LABELS[1])
+    assert shown("\u2581我") == "\u2581U+6211" and shown("\u2581love") == "\u2581love"
+    with plots._fonts(families):
+        fig = plots.heads_figure(np.ones((1, 4, 3), np.float32),
+                                 [shown(t) for t in CJK_LABELS[0]], CJK_LABELS[1], "t", "x", "y")
+        assert not [m for m in _draw(fig) if "missing from font" in m]
+
+
+def test_explain_a_chinese_sentence(tiny_model, toy_tokenizer, tmp_path):
+    import warnings
+
+    from aiayn.pipeline.evaluation.explain import explain_translation
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = explain_translation(tiny_model, toy_tokenizer, "我爱你", tmp_path / "zh.png",
+                                   beam_size=1, max_extra_length=3, dpi=40)
+    assert "".join(data["source_pieces"]).replace("\u2581", "") == "我爱你"
+    assert data["unknown_fraction"] == 0.0  # the toy vocabulary has these characters
+    assert not [w for w in caught if "missing from font" in str(w.message)]
+    assert _png_size(tmp_path / "zh.png")[0] == "PNG"
+    unknown = explain_translation(tiny_model, toy_tokenizer, "Привет", tmp_path / "ru.png",
+                                  beam_size=1, max_extra_length=3, dpi=40)
+    assert unknown["unknown_fraction"] == 1.0

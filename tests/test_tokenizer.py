@@ -110,6 +110,30 @@ def test_featurize_source_truncates_pads_and_marks_empty_rows(toy_tokenizer):
         toy_tokenizer.featurize_source(tf.constant(["x"]), 0)
 
 
+def test_featurize_source_unknown_fraction_counts_characters(toy_tokenizer):
+    # The toy vocabulary knows Latin and the CJK of its corpus, not Cyrillic.
+    texts = ["I love you.", "我爱你", "Привет", "I love Привет", "", "   ",
+             "Привет мир 我爱你", "Привет" * 40]
+    want = [0.0, 0.0, 1.0, 6 / 11, 0.0, 0.0, 9 / 12, 1.0]  # unknown / visible characters
+    f = toy_tokenizer.featurize_source(tf.constant(texts), 3)  # truncation does not matter
+    assert f.unknown_fraction.dtype == tf.float32 and f.unknown_fraction.shape == (len(texts),)
+    np.testing.assert_allclose(f.unknown_fraction.numpy(), want, atol=1e-6)
+    # Characters, not pieces: SentencePiece merges a run of unknown characters into one <unk>.
+    pieces = toy_tokenizer.tokenize(tf.constant(["Привет"])).to_list()[0]
+    assert pieces.count(toy_tokenizer.unk_id) == 1 and len(pieces) < 2 * 6
+    # The ids come from the offsets op: the same as tokenize(), so training's source side
+    # (tokenize) and the featuriser still agree.
+    ids = toy_tokenizer.tokenize(tf.constant(texts)).to_list()
+    for row, expected in enumerate(ids):
+        if expected:
+            assert f.token_ids.numpy()[row, :len(expected[:3])].tolist() == expected[:3]
+    # In a graph with a [None] input, as the export traces it.
+    traced = tf.function(lambda t: toy_tokenizer.featurize_source(t, 8).unknown_fraction,
+                         input_signature=[tf.TensorSpec([None], tf.string)])
+    np.testing.assert_allclose(traced(tf.constant(texts)).numpy(), want, atol=1e-6)
+    assert traced(tf.constant([], tf.string)).numpy().shape == (0,)
+
+
 def test_featurize_source_all_empty_and_zero_batch(toy_tokenizer):
     f = toy_tokenizer.featurize_source(tf.constant([""]), 8)
     assert f.token_ids.numpy().tolist() == [[toy_tokenizer.eos_id]]

@@ -91,3 +91,14 @@ def test_deterministic(toy_data_dir, tmp_path):
         (data_dir / "train.tsv").write_bytes((toy_data_dir / "train.tsv").read_bytes())
         outputs.append(train_vocab(_config(data_dir, "data.vocab_size=150")).read_bytes())
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("langs,coverage", [(("en", "es"), 1.0), (("zh", "en"), 0.9995)])
+def test_character_coverage_follows_the_languages(toy_data_dir, tmp_path, langs, coverage):
+    (tmp_path / "train.tsv").write_bytes((toy_data_dir / "train.tsv").read_bytes())
+    corpus = ["data.corpus=c.tsv"] if langs != ("en", "es") else []
+    cfg = _config(tmp_path, *corpus, f"data.source_lang={langs[0]}",
+                  f"data.target_lang={langs[1]}")
+    assert cfg.data.character_coverage == 0  # the default: by language
+    proto = _proto(train_vocab(cfg))
+    assert proto.trainer_spec.character_coverage == pytest.approx(coverage)

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from aiayn.pipeline.data.languages import LENGTH_UNIT
 from aiayn.pipeline.data.readers import (
     CorpusError,
     Drops,
@@ -53,7 +54,8 @@ SPLITS = ("train", "dev", "test")
 REPORT_NAME = "data_report.json"
 ALIGNMENT_REPORT_NAME = "alignment_report.json"
 # Bump when the preparation logic changes, so that stale outputs are rebuilt.
-PREPARE_VERSION = 1
+# 2: the length-ratio check counts characters weighted by script (data/languages.py).
+PREPARE_VERSION = 2
 
 
 def split_path(cfg, split: str) -> Path:
@@ -291,6 +293,7 @@ def prepare_data(cfg) -> dict:
         "source": source,
         "on_error": cfg.data.on_error if cfg.data.corpus != "bible" else "skip",
         "max_length_ratio": cfg.data.max_length_ratio,
+        "length_unit": LENGTH_UNIT,
         "kept": sum(len(p) for p in splits.values()),
         "dropped": dict(sorted(dropped_total.items())),
         "splits": report_splits,

@@ -32,10 +32,13 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from aiayn.pipeline.data.languages import weighted_length
 from aiayn.pipeline.errors import UserInputError
 
-# A pair is absurd when its longer side has more than `max_length_ratio` times the characters of
-# the shorter one; pairs whose longer side is shorter than this are never flagged ("Amen."/"Amén.").
+# A pair is absurd when its longer side is more than `max_length_ratio` times as long as the
+# shorter one, lengths in characters weighted by script (languages.weighted_length: a Han
+# character counts 3.5, so real Chinese-English pairs pass); pairs whose longer side is shorter
+# than this are never flagged ("Amen."/"Amén.", "谢谢"/"Thanks!").
 MIN_LENGTH_FOR_RATIO = 16
 
 Pair = tuple[str, str]
@@ -80,6 +83,10 @@ def check_pair(source: str, target: str, where: str, drops: Drops,
                max_length_ratio: float) -> Pair | None:
     """Normalises a pair and applies the empty-side and length-ratio checks.
 
+    Lengths are characters weighted by script (:func:`~aiayn.pipeline.data.languages.
+    weighted_length`), so the check means the same for 我爱你 / "I love you" as for "Te amo" /
+    "I love you"; ``max_length_ratio=0`` turns it off.
+
     Returns the normalised pair, or None when it was dropped (skip mode).
 
     Raises:
@@ -92,13 +99,16 @@ def check_pair(source: str, target: str, where: str, drops: Drops,
                       f"{where}: the {side} side is empty. Remove the line or fill it in, "
                       f"{_SKIP_HINT}.")
             return None
-    longer, shorter = max(len(source), len(target)), min(len(source), len(target))
-    if max_length_ratio > 0 and longer >= MIN_LENGTH_FOR_RATIO and (
-            longer > max_length_ratio * shorter):
+    if max_length_ratio <= 0:
+        return source, target
+    lengths = weighted_length(source), weighted_length(target)
+    longer, shorter = max(lengths), min(lengths)
+    if longer >= MIN_LENGTH_FOR_RATIO and longer > max_length_ratio * shorter:
         drops.bad("length_ratio",
-                  f"{where}: absurd length ratio: source has {len(source)} characters, target "
-                  f"{len(target)} (ratio {longer / shorter:.1f} > data.max_length_ratio="
-                  f"{max_length_ratio:g}); the sides are probably misaligned. Fix the pair, raise "
+                  f"{where}: absurd length ratio: source has {len(source)} characters "
+                  f"({lengths[0]:g} weighted by script), target {len(target)} ({lengths[1]:g}); "
+                  f"ratio {longer / shorter:.1f} > data.max_length_ratio={max_length_ratio:g}, so "
+                  f"the sides are probably misaligned. Fix the pair, raise "
                   f"data.max_length_ratio, {_SKIP_HINT}.")
         return None
     return source, target
@@ -335,7 +345,8 @@ def read_tfds(spec: str, source_lang: str, target_lang: str, drops: Drops | None
 
     The data directory is ``$TFDS_DATA_DIR`` or TFDS's default (``~/tensorflow_datasets``).
     Features are the language codes (``data.source_lang`` / ``data.target_lang``), as in TFDS's
-    translation datasets.
+    translation datasets (``tfds:wmt19_translate/zh-en`` has ``zh`` and ``en``). The split may
+    be a TFDS slice (``@train[:1000000]``, ``@train[:10%]``): every pair is held in memory.
 
     Raises:
       CorpusError: tensorflow_datasets missing, dataset not prepared, unknown split or language.
@@ -348,7 +359,7 @@ def read_tfds(spec: str, source_lang: str, target_lang: str, drops: Drops | None
     except ImportError:
         raise CorpusError(
             f"data.corpus={spec!r} needs tensorflow_datasets, which is not installed: "
-            "`pip install tensorflow-datasets`, then prepare the dataset with "
+            "`pip install 'aiayn[tfds]'` (or tensorflow-datasets), then prepare the dataset with "
             f"`tfds build {name}` (this project never downloads data itself).") from None
     data_dir = os.environ.get("TFDS_DATA_DIR")
     try:
@@ -364,9 +375,10 @@ def read_tfds(spec: str, source_lang: str, target_lang: str, drops: Drops | None
             f"TFDS dataset {name!r} is not prepared in {builder.data_dir}. Prepare it first "
             f"(`tfds build {name}`, or download_and_prepare() on a machine with network), or set "
             "TFDS_DATA_DIR to where it is; this project never downloads data itself.")
-    if split not in builder.info.splits:
+    if split.split("[", 1)[0] not in builder.info.splits:
         raise CorpusError(f"TFDS dataset {name!r} has no split {split!r}; splits: "
-                          f"{sorted(builder.info.splits.keys())}. Use tfds:{name}@<split>.")
+                          f"{sorted(builder.info.splits.keys())}. Use tfds:{name}@<split> (a "
+                          "slice such as @train[:1000000] works too).")
     keys = list(builder.info.features.keys())
     for lang in (source_lang, target_lang):
         if lang not in keys:

@@ -25,6 +25,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from aiayn.pipeline.config import Config
+from aiayn.pipeline.data.languages import default_character_coverage
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 
@@ -36,6 +37,14 @@ MODEL_FILENAME = "spm.model"
 def vocab_path(cfg: Config) -> Path:
     """Where the SentencePiece model lives: ``<cfg.data.data_dir>/spm.model``."""
     return Path(cfg.data.data_dir) / MODEL_FILENAME
+
+
+def character_coverage(cfg: Config) -> float:
+    """``data.character_coverage``, or for 0 the language pair's default: 0.9995 when a side
+    is Chinese, Japanese or Korean, else 1.0 (:func:`~aiayn.pipeline.data.languages.
+    default_character_coverage`)."""
+    return cfg.data.character_coverage or default_character_coverage(cfg.data.source_lang,
+                                                                     cfg.data.target_lang)
 
 
 def _train_split(cfg: Config) -> Path:
@@ -64,9 +73,10 @@ def train_vocab(cfg: Config) -> Path:
     """Trains the joint SentencePiece model on both sides of ``<data_dir>/train.tsv``.
 
     Settings come from ``cfg.data``: ``vocab_size`` (a soft limit: a corpus too small for it gets
-    a smaller vocabulary rather than an error), ``vocab_model_type`` (unigram, bpe, char, word),
-    ``character_coverage`` and ``vocab_sample_size`` (sentences sampled, seeded by ``seed``, from
-    a large corpus). The file is written atomically (temporary file, then rename).
+    a smaller vocabulary rather than an error), ``vocab_model_type`` (unigram, bpe, char: one
+    piece per character, word), ``character_coverage`` (0: :func:`character_coverage`) and
+    ``vocab_sample_size`` (sentences sampled, seeded by ``seed``, from a large corpus). The file
+    is written atomically (temporary file, then rename).
 
     Args:
       cfg: the run configuration.
@@ -100,7 +110,7 @@ def train_vocab(cfg: Config) -> Path:
             vocab_size=data.vocab_size,
             # A soft limit: fewer pieces when the corpus cannot supply `vocab_size` of them.
             hard_vocab_limit=False,
-            character_coverage=data.character_coverage,
+            character_coverage=character_coverage(cfg),
             normalization_rule_name=NORMALIZATION_RULE,
             input_sentence_size=data.vocab_sample_size,
             shuffle_input_sentence=True,

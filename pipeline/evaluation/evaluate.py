@@ -22,6 +22,7 @@ from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.training.artifacts import RunFiles, load_trained_model, read_split
+from aiayn.pipeline.training.metrics import metric_settings_for
 from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
 
 SPLITS = ("dev", "test")
@@ -38,9 +39,11 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
       max_sentences: score only the first N pairs (0 = all).
 
     Returns:
-      The report: ``bleu``, ``chrf``, ``bleu_signature``, ``chrf_signature``, ``sentences``,
-      ``seconds``, ``sentences_per_second``, ``weights``, ``decode``, ``hypotheses_path`` and
-      ``samples`` (three source/reference/hypothesis dicts).
+      The report: ``bleu``, ``chrf``, ``bleu_signature``, ``chrf_signature``,
+      ``bleu_tokenize`` and ``metric_settings`` (chosen by ``data.target_lang``:
+      :func:`aiayn.pipeline.training.metrics.metric_settings`), ``sentences``, ``seconds``,
+      ``sentences_per_second``, ``weights``, ``decode``, ``hypotheses_path`` and ``samples``
+      (three source/reference/hypothesis dicts).
 
     Raises:
       UserInputError: an unknown split, or missing data, vocabulary or weights.
@@ -50,6 +53,7 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     pairs = read_split(cfg, split)
     if max_sentences:
         pairs = pairs[:max_sentences]
+    settings = metric_settings_for(cfg)  # before translating: a missing segmenter fails fast
     model, tokenizer, weights_path = load_trained_model(cfg, weights)
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
@@ -57,7 +61,8 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     hypotheses = translate_sentences(make_translator(cfg, model, tokenizer), sources,
                                      batch_size=cfg.decode.batch_size)
     seconds = time.monotonic() - start
-    report = {"split": split, "sentences": len(pairs), **score(hypotheses, references),
+    report = {"split": split, "sentences": len(pairs),
+              **score(hypotheses, references, settings), "metric_settings": settings.describe(),
               "seconds": round(seconds, 1),
               "sentences_per_second": round(len(pairs) / max(seconds, 1e-9), 2),
               "weights": str(weights_path), "decode": dataclasses.asdict(cfg.decode)}
@@ -72,6 +77,6 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     atomic_write(out_dir / f"{split}.json", json.dumps(report, indent=2, ensure_ascii=False))
     print(f"{split}: BLEU {report['bleu']:.2f} chrF {report['chrf']:.2f} on {len(pairs)} "
           f"sentences ({seconds:.0f}s)\n  {report['bleu_signature']}\n  "
-          f"{report['chrf_signature']}", flush=True)
+          f"{report['chrf_signature']}\n  {settings.describe()}", flush=True)
     return report
 

@@ -128,6 +128,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
 
     Returns:
       dict: ``source``, ``translation``, ``score``, ``layer`` (resolved index),
+      ``unknown_fraction`` (of the source's characters, as the ``n_best`` signature says),
       ``source_ids`` / ``source_pieces`` (S), ``output_ids`` / ``output_pieces`` (T, the
       produced tokens, EOS (``</s>``) last when the search produced it),
       ``decoder_input_pieces`` (T), ``cross`` float32 ``(heads, T, S)``, ``cross_mean``
@@ -161,6 +162,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     cross = maps["cross"][layer][0]  # (heads, T, S)
     data: dict[str, Any] = {
         "source": sentence, "translation": translation, "score": score, "layer": layer,
+        "unknown_fraction": float(features.unknown_fraction.numpy()[0]),
         "source_ids": [int(t) for t in source_ids], "output_ids": produced,
         "source_pieces": source_pieces, "output_pieces": output_pieces,
         "decoder_input_pieces": input_pieces,

@@ -7,15 +7,23 @@ matplotlib is imported inside the plotting functions (``Figure`` + Agg canvas, n
 state), so serving and training never need it; it lives in the ``plot`` (and ``dev``) extras.
 Figures are saved at their exact ``figsize * dpi`` (no tight bounding box), so a caller knows the
 image size in advance (returned as ``image_size``).
+
+Labels in scripts the default font (DejaVu Sans) lacks, such as Chinese and Japanese subwords,
+are drawn with a fallback font that has their glyphs (:func:`label_fonts`: Noto Sans CJK,
+WenQuanYi Zen Hei from Debian's ``fonts-wqy-zenhei``, which ``make system-deps`` installs, and
+the usual macOS and Windows CJK fonts). Where no such font exists, those characters are written
+as ``U+6211`` codes with a warning: never as empty boxes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import json
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +50,136 @@ def _new_figure(width: float, height: float, dpi: int):
 def _save(fig, path: Path) -> tuple[int, int]:
     """Saves at exactly ``figsize * dpi`` pixels; returns ``(width, height)``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # Pieces in scripts the default font lacks (e.g. CJK) render as boxes, not errors.
-        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")
-        fig.savefig(path, dpi=fig.dpi, format="png")
+    fig.savefig(path, dpi=fig.dpi, format="png")
     width, height = fig.get_size_inches()
     return int(round(width * fig.dpi)), int(round(height * fig.dpi))
 
 
-def plot_heads(weights: np.ndarray, x_labels: Sequence[str], y_labels: Sequence[str],
-                out_png: Path, title: str, xlabel: str, ylabel: str,
-                dpi: int = 100) -> tuple[int, int]:
-    """A grid of ``(rows, cols)`` heatmaps, one per head, plus the mean over heads."""
+# --------------------------------------------------------------------------------------------
+# Fonts for labels in any script
+
+# Fonts with CJK glyphs, by family name, in order of preference: Noto/Source Han (Debian's
+# fonts-noto-cjk), WenQuanYi (fonts-wqy-zenhei, fonts-wqy-microhei), Droid fallback, and the
+# system fonts of macOS and Windows.
+FALLBACK_FAMILIES = (
+    "Noto Sans CJK SC", "Noto Sans CJK JP", "Source Han Sans SC", "Source Han Sans",
+    "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback", "PingFang SC",
+    "Hiragino Sans GB", "Hiragino Sans", "Microsoft YaHei", "SimHei", "Yu Gothic", "MS Gothic",
+    "Malgun Gothic", "Arial Unicode MS",
+)
+# Where Debian's packages put them: found even when matplotlib's font cache predates them.
+FALLBACK_FILES = (
+    "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+    "/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
+    "/usr/share/fonts/truetype/droid/DroidSansFallbackFull.ttf",
+)
+FONT_PACKAGE_HINT = ("install a CJK font, e.g. Debian's fonts-wqy-zenhei (`make system-deps` "
+                     "as root) or fonts-noto-cjk")
+
+
+@functools.cache
+def font_charmap(path: str) -> frozenset[int]:
+    """The code points a font file has glyphs for (the first face of a .ttc collection)."""
+    from matplotlib.ft2font import FT2Font
+
+    return frozenset(FT2Font(path).get_charmap())
+
+
+def _default_font() -> tuple[str, str]:
+    """(family name, file) of the font matplotlib draws text with by default."""
+    from matplotlib import font_manager
+
+    path = font_manager.findfont(font_manager.FontProperties(), fallback_to_default=True)
+    return font_manager.FontProperties(fname=path).get_name(), path
+
+
+@functools.lru_cache(maxsize=1)
+def cjk_font() -> tuple[str, str] | None:
+    """(family name, file) of an installed font with Chinese, Japanese and Korean glyphs, or
+    None. Fonts known to matplotlib first (:data:`FALLBACK_FAMILIES`), then
+    :data:`FALLBACK_FILES`, which are added to matplotlib's font list when found."""
+    from matplotlib import font_manager
+
+    probe = {ord(c) for c in "我爱你のテ"}
+    by_name = {}
+    for entry in font_manager.fontManager.ttflist:
+        by_name.setdefault(entry.name, entry.fname)
+    candidates = [(name, by_name[name]) for name in FALLBACK_FAMILIES if name in by_name]
+    for path in FALLBACK_FILES:
+        if Path(path).is_file():
+            candidates.append(("", path))
+    for name, path in candidates:
+        try:
+            if not probe <= font_charmap(path):
+                continue
+            if not name:  # a file matplotlib's cache does not list yet
+                font_manager.fontManager.addfont(path)
+                name = font_manager.FontProperties(fname=path).get_name()
+        except (OSError, RuntimeError, ValueError):  # an unreadable font file
+            continue
+        return name, path
+    return None
+
+
+def label_fonts(texts: Iterable[str]) -> tuple[list[str], Callable[[str], str]]:
+    """The font families to draw ``texts`` with, and how to write each text with them.
+
+    Returns ``([default family] + [a CJK font, when some character needs one], shown)``;
+    matplotlib draws each glyph with the first family of the list that has it. ``shown(text)``
+    is ``text`` with every character that no family has written as ``U+XXXX``, so no label is
+    drawn as empty boxes; a warning says so, and which font package to install.
+    """
+    default_name, default_path = _default_font()
+    families, charmaps = [default_name], [font_charmap(default_path)]
+
+    def lacking(chars: Iterable[str]) -> set[str]:
+        return {c for c in chars
+                if not c.isspace() and c.isprintable() and not any(ord(c) in m for m in charmaps)}
+
+    missing = lacking(set("".join(texts)))
+    if missing:
+        fallback = cjk_font()
+        if fallback is not None:
+            families.append(fallback[0])
+            charmaps.append(font_charmap(fallback[1]))
+            missing = lacking(missing)
+    if missing:
+        warnings.warn(f"No installed font has glyphs for {''.join(sorted(missing))!r}: they "
+                      f"are written as U+ codes in the figure; {FONT_PACKAGE_HINT}.",
+                      UserWarning, stacklevel=3)
+
+    def shown(text: str) -> str:
+        return "".join(f"U+{ord(c):04X}" if c in missing else c for c in text)
+
+    return families, shown
+
+
+@contextlib.contextmanager
+def _fonts(families: list[str]):
+    """matplotlib draws the texts of figures made (and saved) inside with ``families``."""
+    import logging
+
+    import matplotlib
+
+    # WenQuanYi Zen Hei has one weight, medium (500): matplotlib logs, for every label, that it
+    # uses it for "normal" (400) text. That substitution is intended here.
+    log = logging.getLogger("matplotlib.font_manager")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "Failed to find font weight" not in str(record.msg)
+
+    log.addFilter(keep)
+    try:
+        with matplotlib.rc_context({"font.family": families}):
+            yield
+    finally:
+        log.removeFilter(keep)
+
+
+def heads_figure(weights: np.ndarray, x_labels: Sequence[str], y_labels: Sequence[str],
+                 title: str, xlabel: str, ylabel: str, dpi: int = 100):
+    """The figure of :func:`plot_heads` (drawn and saved inside :func:`_fonts`)."""
     heads, rows, cols = weights.shape  # (heads, Tq, Tk)
     panels = [(f"head {h + 1}", weights[h]) for h in range(heads)]
     if heads > 1:
@@ -85,7 +211,31 @@ def plot_heads(weights: np.ndarray, x_labels: Sequence[str], y_labels: Sequence[
             ax.set_xlabel(xlabel, fontsize=8)
     if image is not None:
         fig.colorbar(image, ax=fig.axes, shrink=0.6, label="attention weight")
-    return _save(fig, out_png)
+    return fig
+
+
+def plot_heads(weights: np.ndarray, x_labels: Sequence[str], y_labels: Sequence[str],
+               out_png: Path, title: str, xlabel: str, ylabel: str,
+               dpi: int = 100) -> tuple[int, int]:
+    """A grid of ``(rows, cols)`` heatmaps, one per head, plus the mean over heads.
+
+    Labels and title may be in any script (:func:`label_fonts`).
+
+    Args:
+      weights: float `(heads, rows, cols)` attention weights.
+      x_labels, y_labels: `cols` and `rows` labels (subword pieces).
+      out_png: the figure's path.
+      title, xlabel, ylabel: texts of the figure.
+      dpi: image resolution.
+
+    Returns:
+      `(width, height)` of the image in pixels.
+    """
+    families, shown = label_fonts([title, *x_labels, *y_labels])
+    with _fonts(families):
+        fig = heads_figure(weights, [shown(t) for t in x_labels], [shown(t) for t in y_labels],
+                           shown(title), xlabel, ylabel, dpi)
+        return _save(fig, out_png)
 
 
 # --------------------------------------------------------------------------------------------

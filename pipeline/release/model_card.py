@@ -24,10 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aiayn.pipeline.data.languages import base_language
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 
 MODEL_CARD = "model_card.md"
+# The card's example input for a source language (the walkthrough's sentence where there is one).
+EXAMPLES = {"en": "I love you.", "zh": "我爱你", "ja": "愛してる", "es": "Te amo."}
 EXTRA_DIR = "assets.extra"
 
 # Known limits of the default corpus (data.corpus = bible): shown in every card trained on it.
@@ -57,6 +60,15 @@ COMMON_LIMITS = (
     "**Not for high-stakes use.** A small research Transformer: it can drop, repeat or invent "
     "content (hallucinate) without warning, most often on inputs unlike its training data.",
 )
+
+
+def unknown_input_limit(cfg: Any) -> str:
+    """The card's note on input in scripts or languages the vocabulary does not know."""
+    return (f"**Unknown input.** The model reads {cfg.data.source_lang} only: characters its "
+            "vocabulary never saw (another script, e.g. Chinese for a Latin-script model) become "
+            "`<unk>` and come back as a fluent invention, not a translation. The `n_best` "
+            "signature returns `unknown_fraction`, the share of each input's characters the "
+            "vocabulary does not know; `aiayn translate` warns when it is over one half.")
 
 
 def _read_json(path: Path) -> Any:
@@ -144,9 +156,11 @@ def _data_section(cfg: Any, report: Mapping[str, Any] | None) -> list[str]:
             for name, info in splits.items() if isinstance(info, Mapping)]
     if rows:
         out += ["", *_table(rows, ("split", "pairs", "sha256 of the prepared TSV"))]
+    from aiayn.pipeline.data.vocab import character_coverage
+
     out += ["", f"Subword vocabulary: joint SentencePiece ({d.vocab_model_type}, `nmt_nfkc` "
-                f"normaliser, soft limit {d.vocab_size} pieces) trained on the training split.",
-            ""]
+                f"normaliser, soft limit {d.vocab_size} pieces, character coverage "
+                f"{character_coverage(cfg):g}) trained on the training split.", ""]
     return out
 
 
@@ -197,21 +211,39 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
     return out + [""]
 
 
-def _eval_section(reports: Mapping[str, Any] | None) -> list[str]:
+def _eval_section(cfg: Any, reports: Mapping[str, Any] | None) -> list[str]:
+    from aiayn.pipeline.training.metrics import metric_settings
+
     out = ["## Evaluation (sacreBLEU)", ""]
+    try:  # THE choice by target language (what `aiayn evaluate` uses for this config)
+        out += [f"Metric settings for target `{cfg.data.target_lang}`: "
+                f"{metric_settings(cfg.data.target_lang, cfg.train.bleu_tokenize).describe()}.",
+                ""]
+    except UserInputError as err:
+        out += [f"Metric settings: {err}", ""]
     reports = {k: v for k, v in (reports or {}).items() if isinstance(v, Mapping)}
     if not reports:
         return out + ["Not evaluated yet: run `aiayn evaluate --split dev` and "
                       "`aiayn evaluate --split test`.", ""]
     order = sorted(reports, key=lambda s: (["dev", "test"] + [s]).index(s))
     rows = [(split, _fmt_score(reports[split].get("bleu")), _fmt_score(reports[split].get("chrf")),
-             reports[split].get("sentences", "?")) for split in order]
-    out += [*_table(rows, ("split", "BLEU", "chrF", "sentences")), "", "Signatures:", "", "```"]
+             reports[split].get("sentences", "?"), f"`{_tokenizer_of(reports[split])}`")
+            for split in order]
+    out += [*_table(rows, ("split", "BLEU", "chrF", "sentences", "BLEU tokenizer")), "",
+            "Signatures:", "", "```"]
     for split in order:
         for key in ("bleu_signature", "chrf_signature"):
             if reports[split].get(key):
                 out.append(f"{split} {key.split('_')[0]}: {reports[split][key]}")
     return out + ["```", ""]
+
+
+def _tokenizer_of(report: Mapping[str, Any]) -> str:
+    """The BLEU tokenizer a report was scored with (from its signature: what was used)."""
+    for part in str(report.get("bleu_signature", "")).split("|"):
+        if part.startswith("tok:"):
+            return part[len("tok:"):]
+    return str(report.get("bleu_tokenize", "?"))
 
 
 def _decode_section(cfg: Any) -> list[str]:
@@ -278,14 +310,20 @@ def write_model_card(cfg: Any, path: str | os.PathLike | None = None, *,
     lines += _model_section(cfg, parameters, vocabulary_size)
     lines += _data_section(cfg, data_report)
     lines += _training_section(cfg, train_state, run_summary)
-    lines += _eval_section(eval_reports)
+    lines += _eval_section(cfg, eval_reports)
     lines += _decode_section(cfg)
-    limits = (BIBLE_LIMITS if corpus == "bible" else GENERIC_LIMITS) + COMMON_LIMITS
+    limits = ((BIBLE_LIMITS if corpus == "bible" else GENERIC_LIMITS)
+              + (unknown_input_limit(cfg),) + COMMON_LIMITS)
     lines += ["## Known limits", "", *[f"- {item}" for item in limits], ""]
+    presets = " ".join(f"--preset {p}" for p in (cfg.preset or "small").split("+"))
+    example = ("In the beginning God created the heavens and the earth." if corpus == "bible"
+               else EXAMPLES.get(base_language(cfg.data.source_lang),
+                                 f"<a sentence in {cfg.data.source_lang}>"))
     lines += ["## Use", "", "```sh",
-              f"aiayn serve --preset {cfg.preset or 'small'}    # REST :8501, gRPC :8500",
-              f"aiayn translate --preset {cfg.preset or 'small'} \"In the beginning God created "
-              "the heavens and the earth.\"", "```", ""]
+              f"aiayn serve {presets}    # REST :8501, gRPC :8500",
+              f"aiayn translate {presets} \"{example}\"",
+              f"aiayn translate {presets} --n-best \"{example}\"   # n-best, unknown-input "
+              "warning", "```", ""]
     text = "\n".join(lines)
     if path is not None:
         atomic_write(path, text)

@@ -8,6 +8,7 @@
     checkpoints.py step checkpoints and the resumable backup (crash-safe, repaired on start)
     averaging.py   checkpoint averaging and the choice of final.weights.h5 on dev
     validation.py  translate with the served graph, score with sacreBLEU (shared with evaluation)
+    metrics.py     THE sacreBLEU settings by target language (BLEU tokenizer zh, ja-mecab, 13a...)
     artifacts.py   the run directory's files, the model factory, weights and split loading
     distribute.py  tf.distribute strategy, mixed precision, XLA resolved from the config
     commands.py    `aiayn train`, `aiayn average`

@@ -32,6 +32,7 @@ from aiayn.pipeline.training.artifacts import (
     save_model_weights,
     weights_load_error,
 )
+from aiayn.pipeline.training.metrics import metric_settings_for
 from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
 
 
@@ -89,7 +90,8 @@ def _score_on_dev(cfg: Config, model: keras.Model, tokenizer,
     start = time.monotonic()
     hyps = translate_sentences(make_translator(cfg, model, tokenizer), [s for s, _ in pairs],
                                batch_size=cfg.decode.batch_size)
-    entry = {k: v for k, v in score(hyps, [t for _, t in pairs]).items() if k != "bleu_detail"}
+    scores = score(hyps, [t for _, t in pairs], metric_settings_for(cfg))
+    entry = {k: v for k, v in scores.items() if k != "bleu_detail"}
     entry["seconds"] = round(time.monotonic() - start, 1)
     return entry
 

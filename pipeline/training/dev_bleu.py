@@ -1,7 +1,8 @@
 """Dev-set BLEU during training: the best checkpoint and early stopping.
 
 :class:`DevEvaluator` translates a fixed dev sample every ``train.eval_every`` steps with the
-served graph (``validation.translate_sentences``), scores it with sacreBLEU, keeps the best
+served graph (``validation.translate_sentences``), scores it with sacreBLEU (the target
+language's settings, :mod:`aiayn.pipeline.training.metrics`), keeps the best
 weights in ``best.weights.h5`` and stops training after ``train.early_stopping_patience``
 evaluations without improvement.
 """
@@ -22,6 +23,7 @@ import tensorflow as tf
 from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.training.artifacts import save_model_weights
 from aiayn.pipeline.training.callbacks import RunHistory, current_step
+from aiayn.pipeline.training.metrics import MetricSettings, metric_settings
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class DevEvaluator(keras.callbacks.Callback):
       state_path: JSON file holding best score and patience counter across restarts.
       evaluate_at_end: also evaluate the final step if it was not just evaluated.
       skip_if: no evaluation (hence no best weights) while it returns true (a diverged run).
+      metrics: the target language's sacreBLEU settings (``metrics.metric_settings_for(cfg)``);
+        None: sacreBLEU's defaults (13a).
 
     Attributes:
       best_bleu, best_step, results (list of dicts with step, bleu, chrf, seconds).
@@ -50,7 +54,8 @@ class DevEvaluator(keras.callbacks.Callback):
                  best_path: str | os.PathLike | None = None, patience: int = 0,
                  history: RunHistory | None = None, state_path: str | os.PathLike | None = None,
                  summary_dir: str | os.PathLike | None = None, evaluate_at_end: bool = False,
-                 write: bool = True, stream=None, skip_if: Callable[[], bool] | None = None):
+                 write: bool = True, stream=None, skip_if: Callable[[], bool] | None = None,
+                 metrics: MetricSettings | None = None):
         super().__init__()
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} dev sources but {len(references)} references.")
@@ -67,6 +72,7 @@ class DevEvaluator(keras.callbacks.Callback):
         self.write = write
         self.stream = stream or sys.stdout
         self.skip_if = skip_if
+        self.metrics = metrics or metric_settings("en")
         self.best_bleu = -1.0
         self.best_step = -1
         self.bad_evals = 0
@@ -96,11 +102,9 @@ class DevEvaluator(keras.callbacks.Callback):
                 self.bad_evals += 1
 
     def score(self, hypotheses: Sequence[str]) -> dict:
-        import sacrebleu
-
-        bleu = sacrebleu.corpus_bleu(list(hypotheses), [self.references])
-        chrf = sacrebleu.corpus_chrf(list(hypotheses), [self.references])
-        return {"bleu": float(bleu.score), "chrf": float(chrf.score)}
+        bleu, chrf = self.metrics.bleu(), self.metrics.chrf()
+        return {"bleu": float(bleu.corpus_score(list(hypotheses), [self.references]).score),
+                "chrf": float(chrf.corpus_score(list(hypotheses), [self.references]).score)}
 
     def evaluate(self, step: int) -> dict:
         """Translates the dev sources now; records, saves best, updates patience."""

@@ -69,6 +69,7 @@ from aiayn.pipeline.training.artifacts import (
 )
 from aiayn.pipeline.training.averaging import select_final_weights
 from aiayn.pipeline.training.dev_bleu import DevEvaluator
+from aiayn.pipeline.training.metrics import metric_settings_for
 from aiayn.pipeline.training.recipe import compile_model
 from aiayn.pipeline.training.validation import make_translator, translate_sentences
 
@@ -259,7 +260,7 @@ class _Session:
             best_path=self.files.best, patience=t.early_stopping_patience,
             history=self.history, state_path=self.files.dev_eval_state,
             summary_dir=self._metrics_dir(), write=self.chief, stream=self.stream,
-            skip_if=self._stopping)
+            skip_if=self._stopping, metrics=metric_settings_for(self.cfg))
 
     def callbacks(self, extra: Sequence[keras.callbacks.Callback]) -> list:
         t = self.cfg.train

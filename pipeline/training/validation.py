@@ -8,7 +8,7 @@ BLEU in the README is the BLEU of the model TF Serving runs.
 
     translator = make_translator(cfg, model, tokenizer)
     hypotheses = translate_sentences(translator, sources, batch_size=cfg.decode.batch_size)
-    score(hypotheses, references)  # {"bleu", "chrf", "bleu_signature", "chrf_signature", ...}
+    score(hypotheses, references, metric_settings_for(cfg))  # {"bleu", "chrf", signatures}
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import tensorflow as tf
 from aiayn.export.saved_model import ServingOptions, Translator
 from aiayn.models.tokenizer import SubwordTokenizer
 from aiayn.pipeline.config import Config
+from aiayn.pipeline.training.metrics import MetricSettings, metric_settings, score_corpus
 
 # One Translator (one traced graph) per model and settings; weak so models can be freed.
 _TRANSLATORS: weakref.WeakKeyDictionary[keras.Model, dict] = weakref.WeakKeyDictionary()
@@ -87,14 +88,13 @@ def translate_sentences(translator: Translator, sentences: Sequence[str], batch_
     return (out, scores) if return_scores else out
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """sacreBLEU corpus BLEU and chrF, with their signatures."""
-    import sacrebleu
+def score(hypotheses: Sequence[str], references: Sequence[str],
+          settings: MetricSettings | None = None) -> dict[str, Any]:
+    """sacreBLEU corpus BLEU and chrF, with their signatures.
 
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
-    b = bleu.corpus_score(list(hypotheses), [list(references)])
-    c = chrf.corpus_score(list(hypotheses), [list(references)])
-    return {"bleu": round(float(b.score), 2), "chrf": round(float(c.score), 2),
-            "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b)}
+    Args:
+      hypotheses, references: one string per sentence.
+      settings: the target language's settings, ``metrics.metric_settings_for(cfg)`` (the tokenizer
+        BLEU needs depends on the target language); None: sacreBLEU's defaults (13a).
+    """
+    return score_corpus(hypotheses, references, settings or metric_settings("en"))

@@ -6,7 +6,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SENTENCES = ["I love you.", "", "   ", "God saw the light.", "我爱你", "Jesus wept."]
+SENTENCES = ["I love you.", "", "   ", "God saw the light.", "我爱你", "Jesus wept.",
+             "Привет мир"]  # the last: a script the toy vocabulary never saw
 
 
 def test_layout_and_assets(exported):
@@ -32,19 +33,30 @@ def test_fresh_process_load_op_allow_list_and_parity(exported, translator):
         "serving_default": {"translation": [t.decode() for t in want["translation"]],
                             "score": want["score"].tolist()},
         "n_best": {"translations": [[t.decode() for t in row] for row in want_nb["translations"]],
-                   "scores": want_nb["scores"].tolist()}}
+                   "scores": want_nb["scores"].tolist(),
+                   "truncated": want_nb["truncated"].tolist(),
+                   "unknown_fraction": want_nb["unknown_fraction"].tolist()}}
     report = verify_export(path, expected=expected, texts=SENTENCES)
     assert report.ok, report.problems
     # Op allow-list: every op is core TensorFlow or tensorflow-text; no Python callbacks.
     assert set(report.ops.values()) <= {"core", "tensorflow_text", "function-call"}
     assert not FORBIDDEN_OPS & set(report.ops)
-    assert "SentencepieceTokenizeOp" in report.ops  # tokenisation is in the graph
+    # Tokenisation is in the graph: featurize_source's op returns each piece's byte offsets too
+    # (for unknown_fraction); it is tensorflow-text's, which the stock server links.
+    assert report.ops.get("SentencepieceTokenizeWithOffsetsOp") == "tensorflow_text"
     assert {"While", "StatelessWhile"} & set(report.ops)  # so is beam search
     sig = report.signatures["serving_default"]
     assert sig["inputs"] == {"text": {"dtype": "DT_STRING", "shape": [-1]}}
     assert sig["outputs"]["translation"] == {"dtype": "DT_STRING", "shape": [-1]}
     assert sig["outputs"]["score"] == {"dtype": "DT_FLOAT", "shape": [-1]}
     assert report.signatures["n_best"]["outputs"]["translations"]["shape"] == [-1, 2]
+    assert report.signatures["n_best"]["outputs"]["unknown_fraction"] == {"dtype": "DT_FLOAT",
+                                                                          "shape": [-1]}
+    assert report.signatures["n_best"]["outputs"]["truncated"] == {"dtype": "DT_BOOL",
+                                                                   "shape": [-1]}
+    # The share of unknown characters, from the served graph: none for the toy corpus' own
+    # scripts (CJK included), all of it for Cyrillic.
+    assert report.outputs["n_best"]["unknown_fraction"] == [0.0] * 6 + [1.0]
     assert "signature_def['serving_default']:" in report.signature_text
     assert "Method name is: tensorflow/serving/predict" in report.signature_text
     # Parity was checked by verify_export (expected=...); spot-check the special cases.

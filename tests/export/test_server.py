@@ -65,6 +65,7 @@ def test_rest_inputs_form_and_n_best(dev_server, expected):
     assert status == 200, body
     assert [row[0] for row in body["outputs"]["translations"]] == expected[0]
     assert len(body["outputs"]["scores"][0]) == 2
+    assert body["outputs"]["unknown_fraction"] == [0.0] * len(SENTENCES)  # all known scripts
 
 
 def test_grpc_predict_metadata_status(dev_server, expected, exported):
@@ -74,6 +75,8 @@ def test_grpc_predict_metadata_status(dev_server, expected, exported):
     results = client.translate(SENTENCES)
     assert [r.text for r in results] == expected[0]
     assert [r.score for r in results] == pytest.approx(expected[1], abs=1e-4)
+    unknown = client.translate(["Привет мир", "I love Привет"], n_best=True)
+    assert [r.unknown_fraction for r in unknown] == pytest.approx([1.0, 6 / 11])
     meta = client.metadata()
     assert meta.model_spec.name == "translate"
     status = client.status()

@@ -1,0 +1,96 @@
+"""sacreBLEU settings by target language: one choice for dev BLEU, evaluation and the card."""
+
+from __future__ import annotations
+
+import pytest
+import sacrebleu
+
+from aiayn.pipeline.config import load_config
+from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.training import metrics
+from aiayn.pipeline.training.metrics import metric_settings, metric_settings_for, score_corpus
+
+HAS_MECAB = metrics.segmenter_available("ja-mecab")
+
+
+@pytest.mark.parametrize("lang,tokenize", [
+    ("en", "13a"), ("es", "13a"), ("de-CH", "13a"), ("ko", "13a"),
+    ("zh", "zh"), ("zh-Hant", "zh"), ("zh_TW", "zh"),
+    ("ja", "ja-mecab" if HAS_MECAB else "char"), ("ja-JP", "ja-mecab" if HAS_MECAB else "char"),
+    ("th", "char"), ("my", "char"),
+])
+def test_tokenizer_by_target_language(lang, tokenize):
+    settings = metric_settings(lang)
+    assert settings.bleu_tokenize == tokenize and settings.target_lang == lang
+    assert (settings.chrf_char_order, settings.chrf_word_order) == (6, 0)
+    assert f"`{tokenize}`" in settings.describe()
+
+
+def test_chinese_bleu_is_meaningful_only_with_the_zh_tokenizer():
+    refs = ["今天天气很好。", "我爱你们。"]
+    hyps = ["今天天气不好。", "我爱你们。"]
+    zh = score_corpus(hyps, refs, metric_settings("zh"))
+    plain = score_corpus(hyps, refs, metric_settings("en"))
+    assert "tok:zh" in zh["bleu_signature"] and zh["bleu_tokenize"] == "zh"
+    assert "tok:13a" in plain["bleu_signature"]
+    # 13a sees each sentence as one "word": one wrong character and the sentence scores zero.
+    # The zh tokenizer counts characters, so the near-miss still earns most of its n-grams.
+    assert zh["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="zh").score,
+                                       abs=0.01)
+    assert zh["bleu"] > plain["bleu"] + 20
+    assert "nc:6|nw:0" in zh["chrf_signature"]
+
+
+def test_japanese_uses_mecab_where_it_installs_else_characters(monkeypatch):
+    refs, hyps = ["日本語のテキストです。"], ["日本語のテキストだ。"]
+    settings = metric_settings("ja")
+    signature = score_corpus(hyps, refs, settings)["bleu_signature"]
+    if HAS_MECAB:  # the dev extras install sacrebleu[ja]
+        assert "tok:ja-mecab-" in signature and "MeCab" in settings.reason
+    monkeypatch.setattr(metrics, "segmenter_available", lambda name: False)
+    fallback = metric_settings("ja")
+    assert fallback.bleu_tokenize == "char" and "aiayn[ja]" in fallback.reason
+    assert "tok:char" in score_corpus(hyps, refs, fallback)["bleu_signature"]
+
+
+def test_config_override_and_its_errors(monkeypatch):
+    cfg = load_config(["tiny"], ["data.corpus=c.tsv", "data.source_lang=en",
+                                 "data.target_lang=zh", "train.bleu_tokenize=char"])
+    settings = metric_settings_for(cfg)
+    assert settings.bleu_tokenize == "char" and "train.bleu_tokenize=char" in settings.reason
+    auto = load_config(["tiny"], ["data.corpus=c.tsv", "data.source_lang=en",
+                                  "data.target_lang=zh"])
+    assert metric_settings_for(auto).bleu_tokenize == "zh"
+    monkeypatch.setattr(metrics, "_segmenter_error", lambda name: "No module named 'MeCab'")
+    with pytest.raises(UserInputError, match=r"train.bleu_tokenize=ja-mecab cannot run here "
+                                             r"\(No module named 'MeCab'\).*aiayn\[ja\]"):
+        metric_settings("ja", "ja-mecab")
+
+
+def test_dev_evaluator_scores_with_the_target_languages_settings():
+    from aiayn.pipeline.training.dev_bleu import DevEvaluator
+
+    refs = ["今天天气很好。", "我爱你们。"]
+    hyps = ["今天天气不好。", "我爱你们。"]
+    zh = DevEvaluator(lambda s: hyps, ["a", "b"], refs, every=0, metrics=metric_settings("zh"))
+    default = DevEvaluator(lambda s: hyps, ["a", "b"], refs, every=0)
+    assert zh.score(hyps)["bleu"] == pytest.approx(
+        score_corpus(hyps, refs, metric_settings("zh"))["bleu"], abs=0.01)
+    assert zh.score(hyps)["bleu"] > default.score(hyps)["bleu"] + 20
+
+
+def test_model_card_names_the_tokenizer_used(tmp_path):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    cfg = load_config(["tiny"], ["data.corpus=c.tsv", "data.source_lang=en",
+                                 "data.target_lang=zh", f"train.run_dir={tmp_path / 'run'}",
+                                 f"data.data_dir={tmp_path / 'data'}"])
+    report = {"split": "test", "sentences": 2, **score_corpus(["我爱你"], ["我爱你们"],
+                                                             metric_settings_for(cfg))}
+    card = write_model_card(cfg, eval_reports={"test": report},
+                            data_report={"kept": 3, "dropped": {"length_ratio": 1}})
+    assert "Metric settings for target `zh`: BLEU tokenizer `zh`" in card
+    assert "| test | " in card and "| `zh` |" in card
+    assert f"test bleu: {report['bleu_signature']}" in card
+    assert "**Unknown input.**" in card and "unknown_fraction" in card
+    assert "character coverage 0.9995" in card
