@@ -71,12 +71,16 @@ class DataConfig:
     data_dir: str = "data"
     # Bad lines: "error" stops with the file, line and fix; "skip" drops and counts them.
     on_error: str = "error"
-    # Pairs whose longer side has more than this many characters per the shorter side's are absurd.
+    # Pairs whose longer side is more than this many times as long as the shorter one are absurd;
+    # lengths are characters weighted by script (a Han character counts 3.5 Latin letters,
+    # pipeline/data/languages.py), so real Chinese/Japanese/Korean-Latin pairs pass.
     max_length_ratio: float = 3.0
-    # SentencePiece (joint source+target vocabulary).
+    # SentencePiece (joint source+target vocabulary). `char`: one piece per character.
     vocab_size: int = 8000
     vocab_model_type: str = "unigram"
-    character_coverage: float = 1.0
+    # 0 = by language: 0.9995 when a side is zh/ja/ko (SentencePiece's advice for rich character
+    # sets; the rarest characters become <unk>), else 1.0 (every character gets a piece).
+    character_coverage: float = 0.0
     vocab_sample_size: int = 2_000_000
     # tf.data
     max_length: int = 128
@@ -129,6 +133,9 @@ class TrainConfig:
     average_last: int = 5
     eval_every: int = 2000
     eval_max_sentences: int = 500
+    # sacreBLEU's BLEU tokenizer; auto = by data.target_lang (zh -> zh, ja -> ja-mecab, or char
+    # without MeCab, th/lo/km/my -> char, else 13a): pipeline/training/metrics.py.
+    bleu_tokenize: str = "auto"
     early_stopping_patience: int = 0  # evaluations without dev BLEU gain; 0 = off
     seed: int = 1234
     deterministic: bool = False
@@ -158,6 +165,19 @@ class ExportConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TfxConfig:
+    """The TFX pipeline's push gate (pipeline/tfx/blessing.py): what a model must score on
+    ExampleGen's eval split (sacreBLEU BLEU, 0-100) before the Pusher may push it."""
+
+    # Every pushed model reaches at least this BLEU (catches a diverged or empty model).
+    bleu_floor: float = 1.0
+    # A new model may score at most this many BLEU points below the last blessed model.
+    bleu_margin: float = 1.0
+    # Eval sentences translated by each model (the first N of the split); 0 = all of them.
+    eval_sentences: int = 500
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The whole run configuration."""
 
@@ -166,6 +186,7 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
     export: ExportConfig = dataclasses.field(default_factory=ExportConfig)
+    tfx: TfxConfig = dataclasses.field(default_factory=TfxConfig)
     preset: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,12 +204,16 @@ _SECTION_CLASSES = {
     "train": TrainConfig,
     "decode": DecodeConfig,
     "export": ExportConfig,
+    "tfx": TfxConfig,
 }
 
 _VALID_CHOICES = {
     ("data", "format"): ("auto", "tsv", "text", "tfrecord", "tfds"),
     ("data", "on_error"): ("error", "skip"),
     ("data", "vocab_model_type"): ("unigram", "bpe", "char", "word"),
+    # sacreBLEU tokenizers that need no download (not flores101/200, spm).
+    ("train", "bleu_tokenize"): ("auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char",
+                                 "none"),
     ("train", "jit_compile"): ("auto", "true", "false"),
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),
@@ -260,7 +285,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("data", "heldout_size"): _Bound(0),  # >= 1 where it is used: see validate()
     ("data", "max_length_ratio"): _Bound(1.0, zero="no length-ratio check"),
     ("data", "vocab_size"): _Bound(5),  # the 4 special pieces and at least one more
-    ("data", "character_coverage"): _Bound(0.98, 1.0),  # SentencePiece's range
+    ("data", "character_coverage"): _Bound(0.98, 1.0, zero="by language"),  # SentencePiece's
     ("data", "vocab_sample_size"): _Bound(0, zero="every sentence"),
     ("data", "max_length"): _Bound(2),  # BOS + one target token
     ("data", "token_budget"): _AT_LEAST_1,
@@ -301,6 +326,9 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("export", "version"): _Bound(0, 2**63 - 1, zero="the next version"),
     ("export", "max_input_tokens"): _AT_LEAST_1,
     ("export", "max_batch_size"): _AT_LEAST_1,
+    ("tfx", "bleu_floor"): _Bound(0.0, 100.0),  # BLEU points (sacreBLEU's 0-100 scale)
+    ("tfx", "bleu_margin"): _Bound(0.0, 100.0),
+    ("tfx", "eval_sentences"): _Bound(0, zero="the whole eval split"),
 }
 
 # Path fields: a leading `~` is expanded once, when the config is built (build_config).
@@ -584,6 +612,12 @@ def validate(cfg: Config) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.@-]+", code):
             raise ConfigError(f"`data.{name}` must be a language code such as en, pt-BR or "
                               f"sr@latin (no spaces or slashes); got {code!r}.")
+    if d.corpus == "bible" and (d.source_lang.lower(), d.target_lang.lower()) != ("en", "es"):
+        raise ConfigError(
+            f"`data.corpus` is 'bible', the English->Spanish default corpus, but the languages "
+            f"are data.source_lang={d.source_lang!r}, data.target_lang={d.target_lang!r}. Give "
+            "your own corpus (e.g. --set data.corpus=my.tsv; README: Your own data), or set "
+            "the languages back to en and es.")
     if d.corpus != "bible":
         if bool(d.dev_corpus) != bool(d.test_corpus):
             raise ConfigError(
