@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install the project with its test dependencies.
 
-system-deps: ## Install the Debian packages of the default corpus (SWORD Bibles, mod2imp).
+system-deps: ## Install the Debian packages: the default corpus (SWORD Bibles, mod2imp), a CJK font for plots.
 	@bash pipeline/scripts/install_system_deps.sh
 
 train: $(STAMP) system-deps ## The main job: data -> vocab -> train -> evaluate -> export (PRESET=small).
@@ -50,10 +50,9 @@ export: $(STAMP) ## Write the versioned serving SavedModel.
 serve: $(STAMP) ## Serve the export (TF Serving if installed, else the development server).
 	$(AIAYN) serve $(ARGS)
 
-tfx: $(STAMP) system-deps ## TFX pipeline locally (ExampleGen..Trainer..Pusher; Debian 13 root if needed), verify the push.
+tfx: $(STAMP) system-deps ## TFX pipeline locally (ExampleGen..Trainer, BLEU evaluation, infra check, Pusher: pushes only a blessed model, verified; Debian 13 root if needed).
 	$(AIAYN) tfx-data $(ARGS)
 	bash pipeline/scripts/tfx_env.sh run python -m aiayn.pipeline.cli tfx-run $(ARGS)
-	$(AIAYN) verify $(ARGS)
 
 test: $(STAMP) ## Run the whole test suite (unit + slow integration tests).
 	$(PY) -m pytest -q tests

@@ -1,7 +1,7 @@
 """`aiayn tfx-data`, `tfx-run`, `tfx-compile`: thin commands over the TFX pipeline.
 
     aiayn tfx-data    --preset tiny                      # corpus -> <data_dir>/tfx_examples
-    aiayn tfx-run     --preset tiny                      # LocalDagRunner, then verify the push
+    aiayn tfx-run     --preset tiny                      # LocalDagRunner; push only if blessed
     aiayn tfx-compile --preset small --output aiayn-translate.json \
         --pipeline-root gs://B/tfx --examples gs://B/examples --push-dir gs://B/serving/translate \
         --image IMAGE_URI \
@@ -100,7 +100,8 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "tfx-data": ("Write the corpus as TFX ExampleGen input (tf.Example source/target, or CSV).",
                  _cmd_tfx_data, _args_tfx_data),
     "tfx-run": ("Run the TFX pipeline locally (LocalDagRunner, Beam DirectRunner, SQLite "
-                "metadata) and verify the pushed model.", _cmd_tfx_run, _args_tfx_run),
+                "metadata): push only a model the BLEU evaluation and the infra check bless, "
+                "and verify it; else say why nothing was pushed.", _cmd_tfx_run, _args_tfx_run),
     "tfx-compile": ("Compile the TFX pipeline to Kubeflow Pipelines V2 / Vertex AI JSON.",
                     _cmd_tfx_compile, _args_tfx_compile),
 }

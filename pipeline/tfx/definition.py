@@ -1,5 +1,6 @@
 """The TFX pipeline definition: ExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator ->
-Trainer -> Pusher. Pure: it builds the pipeline object and runs nothing (runners: tfx/runners.py).
+Trainer -> BleuEvaluator -> InfraCheck -> Pusher. Pure: it builds the pipeline object and runs
+nothing (runners: tfx/runners.py).
 
 - ExampleGen: ``ImportExampleGen`` over TFRecord ``tf.Example``s with ``source`` / ``target``
   bytes features (``aiayn tfx-data`` writes them), or ``CsvExampleGen`` over a two-column CSV;
@@ -9,8 +10,18 @@ Trainer -> Pusher. Pure: it builds the pipeline object and runs nothing (runners
   per split, a schema inferred from them, anomalies of the eval split against it.
 - Trainer: the project's own training (``aiayn.pipeline.tfx.trainer.run_fn``); tokenisation
   stays inside our graph, so there is no Transform component (tensorflow-transform is Keras 2).
-- Pusher: copies the serving SavedModel to ``<push_dir>/<unix time>/``, an integer version
-  directory that ``tensorflow_model_server --model_base_path=<push_dir>`` picks up.
+- latest_blessed_model_resolver: a ``Resolver`` with ``LatestBlessedModelStrategy``, as in TFX's
+  template pipelines: the last Model whose ModelBlessing says blessed, from ML Metadata.
+- BleuEvaluator (pipeline/tfx/components.py): sacreBLEU BLEU and chrF of the Trainer's model on
+  the eval split, and of that baseline on the same sentences; a ``ModelBlessing``, blessed when
+  the BLEU clears ``tfx.bleu_floor`` and is at most ``tfx.bleu_margin`` below the baseline's
+  (pipeline/tfx/blessing.py).
+- InfraCheck (pipeline/tfx/components.py): the export verifier loads the model in a fresh
+  TensorFlow + tensorflow-text process, replays its warmup requests and answers the sample
+  sentences; an ``InfraBlessing``.
+- Pusher: given both blessings, copies the serving SavedModel to ``<push_dir>/<unix time>/``, an
+  integer version directory that ``tensorflow_model_server --model_base_path=<push_dir>`` picks
+  up, only when both say blessed; otherwise it records ``pushed = 0`` and the run ends normally.
 
 Example::
 
@@ -21,14 +32,19 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aiayn.pipeline.config import DataConfig, DecodeConfig, TfxConfig
+from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.tfx.blessing import check_thresholds
 from aiayn.pipeline.tfx.examples import INPUT_SPLITS
 from aiayn.pipeline.tfx.trainer import RUN_FN
 
 PIPELINE_NAME = "aiayn-translate"
 INPUT_FORMATS = ("tfrecord", "csv")
+RESOLVER_ID = "latest_blessed_model_resolver"
 
 
 def create_pipeline(
@@ -53,7 +69,10 @@ def create_pipeline(
       pipeline_root: where component outputs go (local path, ``gs://`` on Vertex AI).
       examples_dir: ExampleGen input with ``train/`` and ``eval/`` sub-directories.
       push_dir: Pusher's filesystem destination (TF Serving's ``--model_base_path``).
-      config: the resolved run configuration (``Config.to_dict()``), given to ``run_fn``.
+      config: the resolved run configuration (``Config.to_dict()``), given to ``run_fn``; its
+        ``tfx`` section sets the push gate (``bleu_floor``, ``bleu_margin``,
+        ``eval_sentences``), ``decode.batch_size`` the evaluation's batches, and
+        ``data.target_lang`` / ``train.bleu_tokenize`` its BLEU tokenizer.
       train_steps: ``TrainArgs.num_steps`` (optimizer updates).
       input_format: ``tfrecord`` (ImportExampleGen) or ``csv`` (CsvExampleGen).
       preset: the preset name(s), recorded in the exported config.
@@ -69,11 +88,17 @@ def create_pipeline(
 
     Raises:
       ValueError: an unknown ``input_format``.
+      UserInputError: a push-gate setting out of range.
     """
     from tfx import v1 as tfx
 
+    from aiayn.pipeline.tfx import components
+
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"`input_format` must be one of {INPUT_FORMATS}; got {input_format!r}.")
+    if components.TFX_IMPORT_ERROR:
+        raise ImportError(components.TFX_IMPORT_ERROR)
+    gate = _gate(config)
     data = _data_components(tfx, examples_dir, input_format)
     example_gen, schema_gen = data[0], data[2]
 
@@ -87,17 +112,33 @@ def create_pipeline(
         custom_config={"config": _plain(config), "preset": preset,
                        "overrides": list(overrides)})
 
-    # Copies the verified SavedModel to an integer version directory TF Serving watches.
+    # The last blessed model, from ML Metadata (empty on the first run): the baseline.
+    baseline = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id(RESOLVER_ID)
+    # sacreBLEU of the new model and of the baseline on the eval split -> ModelBlessing.
+    evaluator = components.BleuEvaluator(
+        examples=example_gen.outputs["examples"], model=trainer.outputs["model"],
+        baseline_model=baseline.outputs["model"], **gate)
+    # The served graph in a fresh TensorFlow-only process, warmup replayed -> InfraBlessing.
+    infra_check = components.InfraCheck(model=trainer.outputs["model"])
+
+    # Copies the SavedModel to an integer version directory TF Serving watches, only when
+    # both blessings say blessed (otherwise the PushedModel records pushed = 0).
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],
+        model_blessing=evaluator.outputs["blessing"],
+        infra_blessing=infra_check.outputs["blessing"],
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=push_dir)))
-    components = [*data, trainer, pusher]
+    nodes = [*data, trainer, baseline, evaluator, infra_check, pusher]
 
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=components,
+        components=nodes,
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args or []),
@@ -125,6 +166,27 @@ def _data_components(tfx: Any, examples_dir: str, input_format: str) -> list[Any
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
     return [example_gen, statistics_gen, schema_gen, example_validator]
+
+
+def _gate(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The BleuEvaluator's parameters from the config mapping (defaults where a key is absent).
+
+    Raises:
+      UserInputError: a threshold or the sentence count out of range.
+    """
+    values = {**dataclasses.asdict(TfxConfig()), **dict(config.get("tfx") or {})}
+    batch_size = dict(config.get("decode") or {}).get("batch_size", DecodeConfig().batch_size)
+    target_lang = dict(config.get("data") or {}).get("target_lang", DataConfig().target_lang)
+    bleu_tokenize = dict(config.get("train") or {}).get("bleu_tokenize", "auto")
+    floor, margin = values["bleu_floor"], values["bleu_margin"]
+    check_thresholds(floor, margin)
+    sentences = values["eval_sentences"]
+    if isinstance(sentences, bool) or not isinstance(sentences, int) or sentences < 0:
+        raise UserInputError(f"`tfx.eval_sentences` must be an integer >= 0 (0 = the whole eval "
+                             f"split); got {sentences!r}.")
+    return {"bleu_floor": float(floor), "bleu_margin": float(margin),
+            "eval_sentences": sentences, "batch_size": int(batch_size),
+            "target_lang": str(target_lang), "bleu_tokenize": str(bleu_tokenize)}
 
 
 def _plain(value: Any) -> Any:

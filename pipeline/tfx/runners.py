@@ -1,7 +1,7 @@
 """Runners of the TFX pipeline: locally (LocalDagRunner, Beam DirectRunner, SQLite ML Metadata),
 and a compile to Kubeflow Pipelines V2 / Vertex AI Pipelines JSON (no cluster needed).
 
-    run_local(cfg)                       # -> pushed version dir, verified in a fresh process
+    run_local(cfg)                       # -> pushed version dir (or why nothing was pushed)
     compile_kubeflow_v2(cfg, "aiayn-translate.json", pipeline_root="gs://bucket/tfx",
                         examples_dir="gs://bucket/examples", push_dir="gs://bucket/serving",
                         image="IMAGE_URI")
@@ -11,6 +11,10 @@ SchemaGen, ExampleValidator, ExampleGen): ``--runner=DataflowRunner --project=..
 --temp_location=gs://...``, ``--runner=FlinkRunner --flink_master=...``,
 ``--runner=SparkRunner ...``; locally the default DirectRunner.
 
+The Pusher pushes only a model that both the BLEU evaluation and the infra check blessed
+(tfx/definition.py); :func:`run_local` reads their verdicts back from ML Metadata, so a run
+that pushed nothing still ends normally and says why (``pushed: false`` and ``reason``).
+
 TFX is imported inside the functions, so the project works without it (see
 pipeline/scripts/tfx_env.sh for where TFX 1.21 installs).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +31,7 @@ from typing import Any
 
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.tfx import blessing
 from aiayn.pipeline.tfx.definition import PIPELINE_NAME, create_pipeline
 from aiayn.pipeline.tfx.examples import default_examples_dir
 
@@ -92,11 +98,15 @@ def run_local(cfg: Config, *, examples_dir: str | None = None, input_format: str
       verify: check the pushed version with the export verifier (fresh process, stock ops).
 
     Returns:
-      ``pushed_dir`` (the new version directory), ``seconds``, the paths, and ``verify`` (the
-      verifier's summary).
+      ``pushed`` (whether this run pushed a version), ``pushed_dir`` (the new version directory,
+      or None), ``reason`` (the blessings' verdicts, one line), ``evaluation`` and ``infra``
+      (what the BleuEvaluator and InfraCheck recorded in ML Metadata: ``blessed``, ``reason``,
+      ``bleu``, ``chrf``, ``baseline_bleu``, ...), ``seconds``, the paths, and ``verify`` (the
+      verifier's summary of the pushed version).
 
     Raises:
-      UserInputError: TFX missing, no ExampleGen input, or no version pushed.
+      UserInputError: TFX missing, no ExampleGen input, or a blessed model that the Pusher did
+        not write.
       aiayn.export.verify.VerificationError: the pushed model failed verification.
     """
     require_tfx()
@@ -111,27 +121,40 @@ def run_local(cfg: Config, *, examples_dir: str | None = None, input_format: str
                                  "first with `aiayn tfx-data` (same --preset/--set).")
     Path(paths["metadata_path"]).parent.mkdir(parents=True, exist_ok=True)
     before = _versions(push)
+    connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(
+        str(Path(paths["metadata_path"]).resolve()))
+    last_id = _last_artifact_id(connection)
     pipeline = build_pipeline(
         cfg, examples_dir=str(Path(examples_dir).resolve()),
         pipeline_root=str(Path(paths["pipeline_root"]).resolve()), push_dir=str(push.resolve()),
-        input_format=input_format,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            str(Path(paths["metadata_path"]).resolve())),
+        input_format=input_format, metadata_connection_config=connection,
         beam_pipeline_args=beam_pipeline_args)
     start = time.monotonic()
     tfx.orchestration.LocalDagRunner().run(pipeline)
     seconds = round(time.monotonic() - start, 1)
+    outcome = run_outcome(connection, after_id=last_id)
     new = sorted(_versions(push) - before)
+    result: dict[str, Any] = {"pushed": bool(new), "pushed_dir": None,
+                              "reason": outcome["reason"], "evaluation": outcome["evaluation"],
+                              "infra": outcome["infra"], "seconds": seconds,
+                              "examples_dir": examples_dir, "push_dir": str(push), **{
+                                  k: paths[k] for k in ("pipeline_root", "metadata_path")}}
     if not new:
-        raise UserInputError(f"The pipeline ran but Pusher wrote no new version under {push}.")
+        if outcome["blessed"]:
+            raise UserInputError(f"The model was blessed ({outcome['reason']}) but the Pusher "
+                                 f"wrote no new version under {push}.")
+        # Not blessed: the run ended as designed; say why, push nothing, verify nothing.
+        print(f"tfx-run: nothing pushed: {outcome['reason']}", file=sys.stderr, flush=True)
+        return result
+    if not outcome["blessed"]:  # the Pusher checks both blessings; this would be a TFX bug
+        raise UserInputError(f"The Pusher wrote {push / str(new[-1])} although the model was not "
+                             f"blessed ({outcome['reason']}); do not serve it.")
     pushed = push / str(new[-1])
+    result["pushed_dir"] = str(pushed)
     # models.config / batching_parameters.txt beside the versions, as `aiayn export` writes.
     from aiayn.export.saved_model import write_server_configs
 
     write_server_configs(push.parent, push.name, cfg.export.max_batch_size)
-    result: dict[str, Any] = {"pushed_dir": str(pushed), "seconds": seconds,
-                              "examples_dir": examples_dir, "push_dir": str(push), **{
-                                  k: paths[k] for k in ("pipeline_root", "metadata_path")}}
     if verify:
         from aiayn.export.verify import verify_export
 
@@ -139,6 +162,63 @@ def run_local(cfg: Config, *, examples_dir: str | None = None, input_format: str
         report.raise_if_failed()
         result["verify"] = report.summary()
     return result
+
+
+def _store(connection: Any) -> Any:
+    from ml_metadata.metadata_store import metadata_store
+
+    return metadata_store.MetadataStore(connection)
+
+
+def _last_artifact_id(connection: Any) -> int:
+    """The highest artifact id in ML Metadata so far (0 for a new store)."""
+    import ml_metadata as mlmd
+
+    newest = _store(connection).get_artifacts(list_options=mlmd.ListOptions(
+        limit=1, order_by=mlmd.OrderByField.ID, is_asc=False))
+    return newest[0].id if newest else 0
+
+
+def _properties(artifact: Any) -> dict[str, Any]:
+    """An MLMD artifact's custom properties as plain values, plus ``uri`` and ``id``."""
+    out: dict[str, Any] = {"id": artifact.id, "uri": artifact.uri}
+    for key, value in sorted(artifact.custom_properties.items()):
+        kind = value.WhichOneof("value")
+        if kind in ("int_value", "double_value", "string_value", "bool_value"):
+            out[key] = getattr(value, kind)
+    if blessing.BLESSED_KEY in out:
+        out[blessing.BLESSED_KEY] = out[blessing.BLESSED_KEY] == 1
+    return out
+
+
+def run_outcome(connection: Any, after_id: int = 0) -> dict[str, Any]:
+    """What the evaluation, the infra check and the Pusher recorded after artifact ``after_id``.
+
+    Args:
+      connection: the ML Metadata connection config.
+      after_id: only artifacts newer than this id count (the run's own, not earlier runs').
+
+    Returns:
+      ``{"blessed": bool, "pushed": bool, "reason": str, "evaluation": {...}, "infra": {...},
+      "pushed_model": {...}}``; each ``{...}`` holds the artifact's custom properties (empty
+      when the component produced nothing).
+    """
+    store = _store(connection)
+
+    def newest(type_name: str) -> dict[str, Any]:
+        found = [a for a in store.get_artifacts_by_type(type_name) if a.id > after_id]
+        return _properties(max(found, key=lambda a: a.id)) if found else {}
+
+    evaluation, infra = newest("ModelBlessing"), newest("InfraBlessing")
+    pushed_model = newest("PushedModel")
+    blessed = bool(evaluation.get(blessing.BLESSED_KEY)) and bool(
+        infra.get(blessing.BLESSED_KEY))
+    reasons = [part.get(blessing.REASON_KEY) or f"{name}: no verdict recorded"
+               for name, part in (("BleuEvaluator", evaluation), ("InfraCheck", infra))
+               if blessed or not part.get(blessing.BLESSED_KEY)]
+    return {"blessed": blessed, "pushed": pushed_model.get("pushed") == 1,
+            "reason": "; ".join(reasons), "evaluation": evaluation, "infra": infra,
+            "pushed_model": pushed_model}
 
 
 def compile_kubeflow_v2(cfg: Config, output_path: str | os.PathLike, *, pipeline_root: str,
@@ -155,7 +235,9 @@ def compile_kubeflow_v2(cfg: Config, output_path: str | os.PathLike, *, pipeline
       input_format, beam_pipeline_args: as for :func:`run_local`.
 
     Returns:
-      ``{"path", "trainer_run_fn", "components"}``.
+      ``{"path", "trainer_run_fn", "components", "executors", "tasks"}`` (``tasks``: the
+      compiled DAG's task names; the resolver becomes two ``latest_blessed_model_resolver-*``
+      tasks).
 
     Raises:
       UserInputError: TFX or its Kubeflow V2 dependency (kfp-pipeline-spec) missing.
@@ -179,9 +261,10 @@ def compile_kubeflow_v2(cfg: Config, output_path: str | os.PathLike, *, pipeline
     runner.run(pipeline)
     spec = json.loads(output_path.read_text(encoding="utf-8"))
     executors = spec.get("pipelineSpec", spec).get("deploymentSpec", {}).get("executors", {})
+    tasks = spec.get("pipelineSpec", spec).get("root", {}).get("dag", {}).get("tasks", {})
     return {"path": str(output_path), "components": sorted(
                 spec.get("pipelineSpec", spec).get("components", {})),
-            "executors": sorted(executors),
+            "executors": sorted(executors), "tasks": sorted(tasks),
             "trainer_run_fn": _trainer_run_fn(spec)}
 
 
