@@ -175,13 +175,19 @@ def _cmd_translate(args: argparse.Namespace, cfg) -> None:
     texts = list(args.text) or [line.rstrip("\n") for line in sys.stdin]
     if args.explain:
         return _explain(args, cfg, texts)
-    target = args.server or str(_export_dir(cfg, args.export))
+    ct2 = args.engine == "ctranslate2"
+    target = (_ct2_export_dir(args, cfg) if ct2 else
+              args.server or str(_export_dir(cfg, args.export)))
     try:
-        client = connect(target, cfg.export.model_name, args.version)
+        client = (_ct2_translator(target) if ct2 else
+                  connect(target, cfg.export.model_name, args.version))
         results = []
         batch = cfg.export.max_batch_size
         for start in range(0, len(texts), batch):
             results += client.translate(texts[start:start + batch], n_best=args.n_best)
+        unknown = [r.unknown_fraction for r in results]  # the n_best signature's output
+        if not args.n_best and hasattr(client, "unknown_fractions"):  # a local export
+            unknown = client.unknown_fractions(texts)
     except ServingClientError as err:
         raise UserInputError(f"the server refused the request: {err}") from None
     except FileNotFoundError as err:  # a directory without a SavedModel
@@ -194,6 +200,8 @@ def _cmd_translate(args: argparse.Namespace, cfg) -> None:
         if result.truncated:
             print(f"warning: input {i + 1} was longer than the model's limit "
                   f"(export.max_input_tokens) and was truncated.", file=sys.stderr)
+        if unknown[i] is not None and unknown[i] > UNKNOWN_WARNING_FRACTION:
+            print(unknown_warning(i, unknown[i], _model_languages(client)), file=sys.stderr)
         if args.n_best:
             for text, score in result.n_best:
                 print(f"{i}\t{score:.4f}\t{text}")
@@ -202,6 +210,34 @@ def _cmd_translate(args: argparse.Namespace, cfg) -> None:
         else:
             print(result.text)
     return None
+
+
+# `aiayn translate` warns when more than this share of an input's characters is unknown to the
+# model's vocabulary (the n_best signature's `unknown_fraction`).
+UNKNOWN_WARNING_FRACTION = 0.5
+
+
+def unknown_warning(index: int, fraction: float, languages: str = "") -> str:
+    """The warning for input ``index`` (0-based) whose characters are mostly unknown."""
+    return (f"warning: input {index + 1}: {fraction:.0%} of its characters are unknown to the "
+            f"model's vocabulary (a script or language it was not trained on"
+            + (f"; it translates {languages}" if languages else "")
+            + "): the output is a guess, not a translation.")
+
+
+def _model_languages(client: Any) -> str:
+    """``"en -> es"`` from a local export's ``assets.extra/config.yaml``; "" if unknown."""
+    path = getattr(client, "path", None)
+    if path is None:
+        return ""
+    import yaml
+
+    try:
+        data = yaml.safe_load((Path(path) / "assets.extra" / "config.yaml").read_text(
+            encoding="utf-8"))["data"]
+        return f"{data['source_lang']} -> {data['target_lang']}"
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return ""
 
 
 def _args_translate(p: argparse.ArgumentParser) -> None:
@@ -213,7 +249,18 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
                    help="An export directory (version or model dir); default: the latest "
                         "version under export.base_dir/export.model_name.")
     p.add_argument("--version", type=int, default=None, help="A specific model version.")
-    p.add_argument("--n-best", action="store_true", help="Print every hypothesis with scores.")
+    p.add_argument("--engine", default="savedmodel", choices=["savedmodel", "ctranslate2"],
+                   help="savedmodel (default): the SavedModel export or --server; ctranslate2: "
+                        "the CTranslate2 export (`aiayn export --format ctranslate2`), latest "
+                        "version under export.base_dir/ctranslate2/export.model_name[-QUANT], "
+                        "or --export DIR.")
+    p.add_argument("--quantization", default="none", metavar="QUANT",
+                   help="--engine ctranslate2: which export, e.g. int8 for the one written with "
+                        "--quantization int8 (default: none, the float32 one).")
+    p.add_argument("--n-best", action="store_true",
+                   help="Print every hypothesis with scores (the n_best signature; with "
+                        "--server, also what warns about inputs the model's vocabulary does "
+                        "not know).")
     p.add_argument("--scores", action="store_true", help="Print 'score<TAB>translation'.")
     p.add_argument("--explain", default=None, metavar="OUT.png",
                    help="Also plot the cross-attention of each translation (per head and the "
@@ -246,6 +293,10 @@ def _explain(args: argparse.Namespace, cfg, texts: list[str]) -> None:
             max_extra_length=cfg.decode.max_extra_length,
             max_length=source_limit(cfg), self_attention=args.self_attention)
         print(data["translation"])
+        if data["unknown_fraction"] > UNKNOWN_WARNING_FRACTION:
+            print(unknown_warning(i, data["unknown_fraction"],
+                                  f"{cfg.data.source_lang} -> {cfg.data.target_lang}"),
+                  file=sys.stderr)
         for kind, written in data["paths"].items():
             print(f"  {kind} attention (layer {data['layer']}): {written}", file=sys.stderr)
     return None
@@ -316,14 +367,57 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export(args: argparse.Namespace, cfg) -> str:
-    from aiayn.pipeline.release.export_run import export_run
+    from aiayn.pipeline.release.export_run import export_run, export_run_ctranslate2
 
+    if args.format == "ctranslate2":
+        return str(export_run_ctranslate2(cfg, quantization=args.quantization))
+    if args.quantization != "none":
+        raise UserInputError("--quantization applies to --format ctranslate2 only (the "
+                             "SavedModel is exported in float32).")
     return str(export_run(cfg))
 
 
+def _args_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", default="savedmodel", choices=["savedmodel", "ctranslate2"],
+                   help="savedmodel (default): the TF Serving SavedModel under "
+                        "export.base_dir/export.model_name/<version>; ctranslate2: a "
+                        "CTranslate2 model (needs `pip install '.[ct2]'`) under "
+                        "export.base_dir/ctranslate2/export.model_name[-QUANT]/<version>.")
+    p.add_argument("--quantization", default="none",
+                   choices=["none", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                            "int16", "float16", "bfloat16", "float32"],
+                   help="--format ctranslate2: weight quantization (default none: float32 as "
+                        "trained; int8: 8-bit weights, the fastest on CPUs).")
+
+
+def _ct2_export_dir(args: argparse.Namespace, cfg) -> Path:
+    """The CTranslate2 version directory `translate --engine ctranslate2` uses."""
+    from aiayn.export.ctranslate2 import CTranslate2Error, ct2_model_dir, resolve_ct2_export
+    from aiayn.pipeline.release.export_run import ct2_command
+
+    if args.server:
+        raise UserInputError("--engine ctranslate2 translates in-process; drop --server.")
+    path = (Path(args.export) if args.export else
+            ct2_model_dir(cfg.export.base_dir, cfg.export.model_name, args.quantization))
+    if args.version is not None and not args.export:
+        path = path / str(args.version)
+    try:
+        return resolve_ct2_export(path, ct2_command(cfg, "export", args.quantization,
+                                                    ["--format", "ctranslate2"]))
+    except CTranslate2Error as err:
+        raise UserInputError(str(err)) from None
+
+
+def _ct2_translator(path: Path):
+    from aiayn.export.ctranslate2 import CTranslate2Translator
+
+    return CTranslate2Translator(path)
+
+
 COMMANDS: dict[str, tuple[str, Callable, Callable | None]] = {
-    "export": ("Write the serving SavedModel (versioned, atomic, verified) for TF Serving.",
-               _cmd_export, None),
+    "export": ("Write the serving SavedModel (versioned, atomic, verified) for TF Serving, or "
+               "with --format ctranslate2 a CTranslate2 model.",
+               _cmd_export, _args_export),
     "serve": ("Serve the export: tensorflow_model_server, Docker tensorflow/serving, or the "
               "development server (REST 8501, gRPC 8500).", _cmd_serve, _args_serve),
     "translate": ("Translate text from arguments or stdin with a local export or a server.",

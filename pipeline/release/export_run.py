@@ -116,3 +116,48 @@ def export_run(cfg: Config, weights: str | None = None, verify: bool = True) -> 
     print(f"Exported {path}\nServe it with:\n  "
           + " ".join(shlex.quote(a) for a in sm.model_server_command(base)))
     return path
+
+
+def export_run_ctranslate2(cfg: Config, weights: str | None = None, quantization: str = "none",
+                           verify: bool = True) -> Path:
+    """Exports the run's final weights as a CTranslate2 model (``aiayn export --format
+    ctranslate2``): ``<export.base_dir>/ctranslate2/<export.model_name>[-<quantization>]/
+    <version>/``, converted, checked (it loads and translates the sample sentences; float32
+    weights must give the Keras model's greedy tokens) and renamed into place.
+
+    Args:
+      cfg: the run configuration (model, decode, export sections are used).
+      weights: a ``.weights.h5`` file; default ``<train.run_dir>/final.weights.h5``.
+      quantization: ``none`` (float32 as trained), ``int8``, ... (CTranslate2's names).
+      verify: translate the sample sentences before publishing.
+
+    Returns:
+      The version directory.
+
+    Raises:
+      UserInputError: CTranslate2 not installed, no weights or vocabulary, a bad quantization,
+        a version that exists, or a conversion that does not reproduce the model.
+    """
+    from aiayn.export import ctranslate2 as ct2
+
+    try:
+        ct2.import_ctranslate2()
+        model, tokenizer, _ = load_trained_model(cfg, weights, dtype="float32")
+        path = ct2.export_ctranslate2(
+            model, tokenizer, cfg.export.base_dir, cfg.export.model_name,
+            sm.ServingOptions.from_configs(cfg.decode, cfg.export), quantization=quantization,
+            version=cfg.export.version, config_yaml=config_text(cfg),
+            sample_texts=sm.DEFAULT_SAMPLE_TEXTS if verify else ())
+    except (ct2.CTranslate2Error, sm.ExportError) as err:
+        raise UserInputError(str(err)) from err
+    print(f"Exported {path}\nTranslate with it:\n  "
+          + ct2_command(cfg, "translate", quantization, ["--engine", "ctranslate2",
+                                                         "I love you."]))
+    return path
+
+
+def ct2_command(cfg: Config, command: str, quantization: str, extra: list[str]) -> str:
+    """``aiayn <command> --preset ... <extra> [--quantization q]`` for messages (shell-quoted)."""
+    words = ["aiayn", command] + [w for p in cfg.preset.split("+") if p for w in ("--preset", p)]
+    words += extra + ([] if quantization == "none" else ["--quantization", quantization])
+    return " ".join(shlex.quote(w) for w in words)
