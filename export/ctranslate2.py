@@ -52,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from aiayn.export.fileio import list_versions
 from aiayn.models.limits import source_limit
 
 CT2_DIR = "ctranslate2"
@@ -71,7 +71,6 @@ QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "int8_bfloat16"
                  "float16", "bfloat16", "float32")
 # Stored weights equal the Keras float32 weights: the export checks greedy token identity.
 _LOSSLESS = ("none", "float32")
-_VERSION_RE = re.compile(r"^[0-9]+$")
 INSTALL_HINT = "pip install '.[ct2]' (or pip install 'ctranslate2>=4.5,<5')"
 
 
@@ -102,15 +101,6 @@ def ct2_model_dir(base_dir: str | os.PathLike, model_name: str,
     return Path(base_dir) / CT2_DIR / model_dir_name(model_name, quantization)
 
 
-def list_ct2_versions(model_dir: str | os.PathLike) -> list[int]:
-    """Integer version directories under a CTranslate2 model dir, ascending."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_dir.iterdir()
-                  if p.is_dir() and _VERSION_RE.match(p.name))
-
-
 def resolve_ct2_export(path: str | os.PathLike, create_hint: str) -> Path:
     """A CTranslate2 version directory: ``path`` itself when it holds a model, else its highest
     integer version.
@@ -122,7 +112,7 @@ def resolve_ct2_export(path: str | os.PathLike, create_hint: str) -> Path:
     path = Path(path)
     if (path / "model.bin").is_file():
         return path
-    versions = list_ct2_versions(path)
+    versions = list_versions(path)
     if not versions:
         raise CTranslate2Error(f"No CTranslate2 export under {path} (expected model.bin or "
                                f"integer version directories such as 1/). Create it with "

@@ -217,3 +217,16 @@ def hold_lock(path: str | os.PathLike, what: str, wait_s: float = 0.0,
             os.ftruncate(fd, 0)  # released cleanly: nobody to name
     finally:
         os.close(fd)  # drops the flock
+
+
+_VERSION_RE = re.compile(r"^[0-9]+$")
+
+
+def list_versions(model_dir: str | os.PathLike) -> list[int]:
+    """Integer version directories under a model directory (``<base_dir>/<model_name>``, the
+    layout TF Serving watches; CTranslate2 exports use the same), ascending."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir()
+                  if p.is_dir() and _VERSION_RE.match(p.name))

@@ -64,6 +64,7 @@ from aiayn.export.fileio import (
     fault_point,
     fsync_dir,
     hold_lock,
+    list_versions,
     remove_leftovers,
 )
 from aiayn.export.warmup import (
@@ -79,7 +80,6 @@ WARMUP_FILE = "tf_serving_warmup_requests"
 SAMPLES_FILE = "verify_samples.json"
 MODELS_CONFIG = "models.config"
 BATCHING_FILE = "batching_parameters.txt"
-_VERSION_RE = re.compile(r"^[0-9]+$")
 _ON_LONG_INPUT = ("truncate", "reject")
 
 # Sentences the verifier and tests translate: ordinary, empty, whitespace-only and non-ASCII.
@@ -222,15 +222,6 @@ class Translator(tf.Module):
 
 
 # -- layout helpers ----------------------------------------------------------------------------
-def list_versions(model_dir: str | os.PathLike) -> list[int]:
-    """Integer version directories under ``<base_dir>/<model_name>``, ascending."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_dir.iterdir()
-                  if p.is_dir() and _VERSION_RE.match(p.name))
-
-
 def latest_export(base_dir: str | os.PathLike, model_name: str) -> Path:
     """The highest version directory of ``model_name``, or ExportError naming what is missing."""
     model_dir = Path(base_dir) / model_name

@@ -16,6 +16,17 @@ from pathlib import Path
 MODEL = "translate"
 PREDICT = f"/v1/models/{MODEL}:predict"
 SENTENCES = ["I love you.", "God saw the light.", "", "我爱你"]
+# Sentences that take every featuriser path (the parity tests: evaluation, SavedModel, CT2).
+LONG = " ".join(["In the beginning God created the heavens and the earth."] * 4)
+HARD_SENTENCES = [
+    "I love you.",
+    "The Lord is my shepherd; I shall not want.",
+    "Where is the house of my father?",
+    LONG,                      # over the export's input limit: truncated on every path
+    "我爱你",                   # CJK
+    "ᚠᚢᚦ ᚨᚱᚲ",                 # only pieces the vocabulary does not know
+    "Peace be with you, my friend.",
+]
 
 
 def copy_version(version_dir: Path, base: Path, version: int, atomic: bool = True) -> Path:

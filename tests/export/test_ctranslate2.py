@@ -20,17 +20,9 @@ import json
 import numpy as np
 import pytest
 
-LONG = " ".join(["In the beginning God created the heavens and the earth."] * 4)
-SAMPLE = [
-    "I love you.",
-    "The Lord is my shepherd; I shall not want.",
-    "Where is the house of my father?",
-    LONG,                      # over the export's input limit: truncated on every path
-    "我爱你",                   # CJK
-    "ᚠᚢᚦ ᚨᚱᚲ",                 # only pieces the vocabulary does not know
-    "",                        # no pieces at all: "" with score 0
-    "Peace be with you, my friend.",
-]
+from tests.export.serving_helpers import HARD_SENTENCES, LONG
+
+SAMPLE = HARD_SENTENCES + [""]  # "": no pieces at all, "" with score 0
 
 
 def _options(cfg):

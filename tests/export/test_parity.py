@@ -18,18 +18,11 @@ import textwrap
 
 import pytest
 
+from tests.export.serving_helpers import HARD_SENTENCES, LONG
+
 pytestmark = pytest.mark.slow
 
-LONG = " ".join(["In the beginning God created the heavens and the earth."] * 4)
-SAMPLE = [
-    "I love you.",
-    "The Lord is my shepherd; I shall not want.",
-    "Where is the house of my father?",
-    LONG,                      # over the export's input limit: truncated on every path
-    "我爱你",                   # CJK
-    "ᚠᚢᚦ ᚨᚱᚲ",                 # only pieces the vocabulary does not know
-    "Peace be with you, my friend.",
-]
+SAMPLE = HARD_SENTENCES
 
 FRESH_PROCESS = textwrap.dedent("""
     import json, sys
