@@ -43,3 +43,78 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self):
         return {"hidden_dim": self.hidden_dim, "warmup_steps": self.warmup_steps,
                 "scale": self.scale}
+
+
+@keras.saving.register_keras_serializable(package="aiayn")
+class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to the paper's peak rate, then a linear decay to zero at the budget's end.
+
+    For a run that ends at a budget (a step count, a time limit, or both), the rate reaches
+    zero exactly when the run stops, instead of the inverse square root's ``sqrt(warmup/step)``
+    of the peak (about half of it at 4 x the warm-up). ``progress`` is the share of the budget
+    spent: ``step / total_steps``, or, where a time limit ends the run first, the share of the
+    time limit, which a callback writes into :attr:`time_progress` (see
+    :class:`aiayn.pipeline.training.callbacks.BudgetProgress`)::
+
+        peak   = scale * d_model^-0.5 * warmup_steps^-0.5     (the §5.3 schedule's maximum)
+        warmup = max(step / warmup_steps, progress / warmup_fraction)
+        lr     = peak * min(warmup, 1, (1 - progress) / decay_fraction)
+
+    The warm-up ends after ``warmup_steps`` steps or ``warmup_fraction`` of the budget,
+    whichever comes first (0: steps only), so that on a slow machine, where a time budget buys
+    few steps, the warm-up does not eat the run. ``decay_fraction`` is the final share of the
+    budget over which the rate falls to zero (1.0: from the start, so the warm-up ramp meets a
+    falling line).
+
+    Args:
+      hidden_dim: d_model.
+      warmup_steps: steps of the linear warm-up.
+      total_steps: the step budget (``train.steps``).
+      scale: multiplies the rate (as in :class:`TransformerSchedule`).
+      decay_fraction: in (0, 1].
+      warmup_fraction: in [0, 1); 0 = the warm-up is counted in steps only.
+
+    Raises:
+      ValueError: non-positive sizes, ``decay_fraction`` outside (0, 1] or
+        ``warmup_fraction`` outside [0, 1).
+    """
+
+    def __init__(self, hidden_dim, warmup_steps, total_steps, scale=1.0, decay_fraction=1.0,
+                 warmup_fraction=0.0):
+        if hidden_dim < 1 or warmup_steps < 1 or total_steps < 1:
+            raise ValueError(
+                "`hidden_dim`, `warmup_steps` and `total_steps` must be positive. Received: "
+                f"hidden_dim={hidden_dim}, warmup_steps={warmup_steps}, "
+                f"total_steps={total_steps}.")
+        if not 0.0 < decay_fraction <= 1.0:
+            raise ValueError(f"`decay_fraction` must be in (0, 1]. Received: {decay_fraction}.")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(
+                f"`warmup_fraction` must be in [0, 1). Received: {warmup_fraction}.")
+        self.hidden_dim = hidden_dim
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.scale = scale
+        self.decay_fraction = decay_fraction
+        self.warmup_fraction = warmup_fraction
+        self.time_progress = keras.Variable(0.0, trainable=False, dtype="float32",
+                                            name="time_progress")
+
+    @property
+    def peak(self) -> float:
+        return self.scale * (float(self.hidden_dim) * float(self.warmup_steps)) ** -0.5
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32") + 1.0
+        progress = ops.maximum(step / float(self.total_steps),
+                               ops.convert_to_tensor(self.time_progress, "float32"))
+        warmup = step / float(self.warmup_steps)
+        if self.warmup_fraction:
+            warmup = ops.maximum(warmup, progress / self.warmup_fraction)
+        rate = ops.minimum(warmup, (1.0 - ops.minimum(progress, 1.0)) / self.decay_fraction)
+        return self.peak * ops.minimum(rate, 1.0)
+
+    def get_config(self):
+        return {"hidden_dim": self.hidden_dim, "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps, "scale": self.scale,
+                "decay_fraction": self.decay_fraction, "warmup_fraction": self.warmup_fraction}

@@ -118,6 +118,13 @@ class TrainConfig:
     max_minutes: float = 0.0  # 0 = no time budget
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
+    # rsqrt: the paper's inverse square root (models.schedule.TransformerSchedule); budget:
+    # the same warm-up, then a linear decay to zero where the run stops (train.steps or
+    # train.max_minutes, whichever ends it first; models.schedule.BudgetSchedule).
+    lr_schedule: str = "rsqrt"
+    decay_fraction: float = 1.0  # budget: the final share of the run over which lr falls to 0
+    # budget: the warm-up also ends after this share of the run (0 = warmup_steps only).
+    warmup_fraction: float = 0.0
     beta_1: float = 0.9
     beta_2: float = 0.98
     epsilon: float = 1e-9
@@ -133,6 +140,7 @@ class TrainConfig:
     average_last: int = 5
     eval_every: int = 2000
     eval_max_sentences: int = 500
+    dev_loss_every: int = 250  # teacher-forced loss on the same dev sample; 0 = off
     # sacreBLEU's BLEU tokenizer; auto = by data.target_lang (zh -> zh, ja -> ja-mecab, or char
     # without MeCab, th/lo/km/my -> char, else 13a): pipeline/training/metrics.py.
     bleu_tokenize: str = "auto"
@@ -214,6 +222,7 @@ _VALID_CHOICES = {
     # sacreBLEU tokenizers that need no download (not flores101/200, spm).
     ("train", "bleu_tokenize"): ("auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char",
                                  "none"),
+    ("train", "lr_schedule"): ("rsqrt", "budget"),
     ("train", "jit_compile"): ("auto", "true", "false"),
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),
@@ -304,6 +313,8 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("train", "max_minutes"): _Bound(0.0, zero="no time budget"),
     ("train", "warmup_steps"): _AT_LEAST_1,
     ("train", "learning_rate_scale"): _POSITIVE,
+    ("train", "decay_fraction"): _Bound(0.0, 1.0, low_open=True),
+    ("train", "warmup_fraction"): _Bound(0.0, 1.0, high_open=True),
     ("train", "beta_1"): _PROBABILITY,
     ("train", "beta_2"): _PROBABILITY,
     ("train", "epsilon"): _POSITIVE,
@@ -316,6 +327,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("train", "average_last"): _AT_LEAST_1,
     ("train", "eval_every"): _Bound(0, zero="no dev evaluation"),
     ("train", "eval_max_sentences"): _Bound(0, zero="the whole dev split"),
+    ("train", "dev_loss_every"): _Bound(0, zero="no dev loss"),
     ("train", "early_stopping_patience"): _Bound(0, zero="off"),
     ("train", "seed"): _SEED,
     ("decode", "beam_size"): _AT_LEAST_1,  # 1 = greedy search

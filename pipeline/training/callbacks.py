@@ -186,6 +186,22 @@ class Budget(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class BudgetProgress(keras.callbacks.Callback):
+    """Writes the share of the time budget spent into ``variable`` before each batch, so a
+    learning rate that decays to zero at the budget's end (``models.schedule.BudgetSchedule``)
+    knows where the run is. The clock counts all attempts of the run, so a resumed run
+    continues the decay where it stopped."""
+
+    def __init__(self, variable, max_minutes: float, clock: TrainingClock):
+        super().__init__()
+        self.variable = variable
+        self.max_seconds = float(max_minutes) * 60.0
+        self.clock = clock
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.variable.assign(min(1.0, self.clock.elapsed() / self.max_seconds))
+
+
 class DivergenceGuard(keras.callbacks.TerminateOnNaN):
     """Stops training at the first non-finite (NaN or inf) loss and records where.
 

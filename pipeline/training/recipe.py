@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from aiayn.models.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-from aiayn.models.schedule import TransformerSchedule
+from aiayn.models.schedule import BudgetSchedule, TransformerSchedule
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.training.artifacts import dummy_features
 from aiayn.pipeline.training.callbacks import TargetTokens
@@ -47,11 +47,25 @@ class AccumulatedSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_schedule(cfg: Config):
-    """§5.3 schedule with ``train.learning_rate_scale``, accumulation-aware."""
-    schedule = TransformerSchedule(cfg.model.hidden_dim, cfg.train.warmup_steps,
-                                   scale=cfg.train.learning_rate_scale)
-    accum = cfg.train.gradient_accumulation_steps
+    """``train.lr_schedule``: §5.3's (``rsqrt``) or linear decay to zero at the budget
+    (``budget``), with ``train.learning_rate_scale``, accumulation-aware."""
+    t = cfg.train
+    if t.lr_schedule == "budget":
+        schedule = BudgetSchedule(cfg.model.hidden_dim, t.warmup_steps, t.steps,
+                                  scale=t.learning_rate_scale, decay_fraction=t.decay_fraction,
+                                  warmup_fraction=t.warmup_fraction)
+    else:
+        schedule = TransformerSchedule(cfg.model.hidden_dim, t.warmup_steps,
+                                       scale=t.learning_rate_scale)
+    accum = t.gradient_accumulation_steps
     return AccumulatedSchedule(schedule, accum) if accum > 1 else schedule
+
+
+def time_progress_variable(optimizer: keras.optimizers.Optimizer):
+    """The variable a time budget writes its spent share into (``BudgetSchedule``), or None."""
+    schedule = getattr(optimizer, "inner_optimizer", optimizer)._learning_rate
+    schedule = getattr(schedule, "schedule", schedule)  # inside AccumulatedSchedule
+    return getattr(schedule, "time_progress", None)
 
 
 def make_optimizer(cfg: Config) -> keras.optimizers.Optimizer:

@@ -69,8 +69,9 @@ from aiayn.pipeline.training.artifacts import (
 )
 from aiayn.pipeline.training.averaging import select_final_weights
 from aiayn.pipeline.training.dev_bleu import DevEvaluator
+from aiayn.pipeline.training.dev_loss import DevLoss, dev_batches
 from aiayn.pipeline.training.metrics import metric_settings_for
-from aiayn.pipeline.training.recipe import compile_model
+from aiayn.pipeline.training.recipe import compile_model, time_progress_variable
 from aiayn.pipeline.training.validation import make_translator, translate_sentences
 
 
@@ -235,14 +236,29 @@ class _Session:
         self.history.truncate(self.skip_steps)
         self.clock = cb.TrainingClock()
         self.budget = cb.Budget(t.steps, t.max_minutes, self.clock)
+        self.budget_progress = self._budget_progress()
         self.guard = cb.DivergenceGuard(stream)
         self.stopper = cb.SignalStop()
-        self.pairs = dev_sample(cfg, t.eval_max_sentences) if t.eval_every > 0 else []
+        self.pairs = (dev_sample(cfg, t.eval_max_sentences)
+                      if t.eval_every > 0 or t.dev_loss_every > 0 else [])
         self.evaluator = None
         self.progress = cb.ProgressLogger(
             t.steps, self.history, self.clock, max_minutes=t.max_minutes,
             log_every=max(1, min(50, t.steps_per_epoch // 5)), every_s=30.0,
             summary_dir=self._metrics_dir(), stream=stream, verbose=self.chief)
+
+    def _budget_progress(self) -> cb.BudgetProgress | None:
+        """The time budget's share for a learning rate that decays to zero at its end."""
+        t, variable = self.cfg.train, time_progress_variable(self.model.optimizer)
+        if variable is None or not t.max_minutes:
+            return None
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise UserInputError(
+                "train.lr_schedule=budget with train.max_minutes cannot run on several workers "
+                "(each worker's clock would give its replicas a different learning rate). Set "
+                "train.max_minutes=0 and end the run by train.steps, or use "
+                "train.lr_schedule=rsqrt.")
+        return cb.BudgetProgress(variable, t.max_minutes, self.clock)
 
     def _metrics_dir(self) -> Path | None:
         return self.files.tensorboard / "metrics" if self.chief else None
@@ -262,6 +278,14 @@ class _Session:
             summary_dir=self._metrics_dir(), write=self.chief, stream=self.stream,
             skip_if=self._stopping, metrics=metric_settings_for(self.cfg))
 
+    def _dev_loss(self) -> DevLoss:
+        cfg = self.cfg
+        batches = dev_batches(self.pairs, self.tokenizer, cfg.data.max_length,
+                              self.tokenizer.pad_id)
+        return DevLoss(batches, self.model.loss, self.tokenizer.pad_id,
+                       cfg.train.dev_loss_every, history=self.history,
+                       summary_dir=self._metrics_dir(), stream=self.stream)
+
     def callbacks(self, extra: Sequence[keras.callbacks.Callback]) -> list:
         t = self.cfg.train
         # Order matters: the backup restores the model before the others read its step; the
@@ -270,11 +294,14 @@ class _Session:
             checkpoints.ResumableBackup(self.backup_dir, self.clock, skip_if=self._stopping,
                                         stream=self.stream),
             self.guard, self.stopper, self.budget,
+            *([self.budget_progress] if self.budget_progress else []),
             checkpoints.StepCheckpoints(self.files.checkpoints, t.checkpoint_every,
                                         t.keep_checkpoints, write=self.chief,
                                         skip_if=self._stopping),
         ]
-        if self.pairs:
+        if self.pairs and t.dev_loss_every > 0:
+            callbacks.append(self._dev_loss())
+        if self.pairs and t.eval_every > 0:
             self.evaluator = self._dev_evaluator()
             callbacks.append(self.evaluator)
         callbacks.append(self.progress)
