@@ -111,6 +111,58 @@ class _ScriptedTranslator:
         return ["nothing here"] * len(sources)
 
 
+def test_budget_progress_feeds_the_spent_share_of_the_time_budget():
+    class Clock(cb.TrainingClock):
+        def __init__(self):
+            super().__init__()
+            self.now = 0.0
+
+        def elapsed(self):
+            self.now += 30.0  # each batch: 30 s of a 2-minute budget
+            return self.now
+
+    variable = keras.Variable(0.0, trainable=False)
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(float(keras.ops.convert_to_numpy(variable)))
+
+    progress = cb.BudgetProgress(variable, max_minutes=2.0, clock=Clock())
+    _fit(_dense_model(), 6, [progress, Record()])
+    assert seen == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_dev_loss_is_the_training_loss_per_real_token_on_the_dev_pairs(tmp_path):
+    from aiayn.models.losses import MaskedLabelSmoothedCrossEntropy
+    from aiayn.pipeline.training.dev_loss import DevLoss
+
+    pad = 0
+    labels = np.array([[3, 4, pad], [5, pad, pad]], "int32")
+    logits = np.random.default_rng(0).normal(size=(2, 3, 6)).astype("float32")
+
+    class Fixed(keras.Model):  # known logits: those of the rows the features name
+        def call(self, features, training=False):
+            return keras.ops.take(keras.ops.convert_to_tensor(logits), features["row"], axis=0)
+
+    loss = MaskedLabelSmoothedCrossEntropy(0.1, pad_id=pad)
+    batches = [({"row": np.array([0])}, labels[:1]), ({"row": np.array([1])}, labels[1:])]
+    history = cb.RunHistory(tmp_path)
+    dev_loss = DevLoss(batches, loss, pad, every=2, history=history)
+    model = _dense_model()
+    dev_loss.set_model(Fixed())
+    dev_loss.on_train_begin()
+    expected = float(loss(labels, logits))  # the mean over the 3 real tokens
+    np.testing.assert_allclose(dev_loss.measure(), expected, rtol=1e-5)
+    # Recorded every 2 optimizer steps of a real fit, into the history rows.
+    dev_loss = DevLoss(batches, loss, pad, every=2, history=history)
+    dev_loss.measure = lambda: 1.5
+    _fit(model, 5, [dev_loss])
+    assert dev_loss.results == [(2, 1.5), (4, 1.5)]
+    assert [r["dev_loss"] for r in history.rows] == [1.5, 1.5]
+    assert json.loads((tmp_path / "history.json").read_text())["rows"][-1]["step"] == 4
+
+
 def test_dev_evaluator_scores_tracks_the_best_and_stops_early(tmp_path):
     references = ["the cat sat on the mat", "a dog ran in the park"]
     sources = ["le chat", "un chien"]

@@ -73,7 +73,8 @@ def tiny_run(toy_config, spm_model_path, tmp_path_factory):
                                  "train.steps=20", "train.steps_per_epoch=5",
                                  "train.checkpoint_every=5", "train.keep_checkpoints=3",
                                  "train.average_last=3", "train.eval_every=10",
-                                 "train.eval_max_sentences=8"])
+                                 "train.eval_max_sentences=8", "train.dev_loss_every=5",
+                                 "train.lr_schedule=budget", "train.warmup_steps=5"])
     summary = train_lib.train(cfg)
     return cfg, summary
 
@@ -99,8 +100,17 @@ def test_tiny_run_trains_and_writes_the_run_directory(tiny_run):
     rows = json.loads((run_dir / "history.json").read_text())["rows"]
     steps = [r["step"] for r in rows]
     assert steps == sorted(steps) and steps[-1] == 20
-    assert all(np.isfinite(r["loss"]) and r["learning_rate"] > 0 for r in rows)
-    assert rows[0]["loss"] > rows[-1]["loss"], "the loss goes down"
+    logged = [r for r in rows if "loss" in r]
+    assert all(np.isfinite(r["loss"]) for r in logged)
+    rates = [r["learning_rate"] for r in logged]
+    # lr_schedule=budget: a 5-step warm-up, then linear decay to 0 at the 20-step budget.
+    peak = rates.index(max(rates))
+    assert rates[peak] > 0 and rates[-1] == 0.0
+    assert rates[peak:] == sorted(rates[peak:], reverse=True)
+    dev_losses = [(r["step"], r["dev_loss"]) for r in rows if "dev_loss" in r]
+    assert [s for s, _ in dev_losses] == [5, 10, 15, 20]
+    assert all(np.isfinite(v) and v > 0 for _, v in dev_losses)
+    assert logged[0]["loss"] > logged[-1]["loss"], "the loss goes down"
     assert [r["step"] for r in rows if "dev_bleu" in r] == [10, 20]
     from aiayn.pipeline.config import read_config
 

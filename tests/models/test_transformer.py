@@ -10,7 +10,7 @@ from keras import ops
 from models_helpers import BOS, EOS, PAD, TINY, VOCAB, make_batch, make_model
 
 from aiayn.models.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-from aiayn.models.schedule import TransformerSchedule
+from aiayn.models.schedule import BudgetSchedule, TransformerSchedule
 from aiayn.models.transformer import Transformer
 from aiayn.pipeline.config import load_config
 
@@ -167,6 +167,30 @@ def test_schedule_matches_formula_and_round_trips():
     assert restored.get_config() == schedule.get_config()
     with pytest.raises(ValueError, match="warmup_steps"):
         TransformerSchedule(512, 0)
+
+
+def test_budget_schedule_warms_up_then_falls_linearly_to_zero_at_the_budget():
+    peak = 0.6 * (256 * 500) ** -0.5
+    steps_only = BudgetSchedule(256, warmup_steps=500, total_steps=2000, scale=0.6)
+    # Iteration i is step i + 1; progress = step / total_steps; decay over the whole run.
+    for iteration, expected in ((0, peak / 500), (249, peak * 250 / 500),
+                                (499, peak * min(1.0, 1 - 500 / 2000)),
+                                (1499, peak * (1 - 1500 / 2000)), (1999, 0.0), (5000, 0.0)):
+        np.testing.assert_allclose(float(steps_only(iteration)), expected, rtol=1e-5, atol=1e-12)
+    timed = BudgetSchedule(256, warmup_steps=500, total_steps=20000, scale=0.6,
+                           decay_fraction=0.8, warmup_fraction=0.2)
+    # A time budget: the callback's share of the time, not the steps, sets the shape.
+    for share, expected in ((0.1, peak * 0.5), (0.2, peak), (0.6, peak * 0.5), (1.0, 0.0)):
+        timed.time_progress.assign(share)
+        np.testing.assert_allclose(float(timed(99)), expected, rtol=1e-5, atol=1e-12)
+    timed.time_progress.assign(0.0)
+    np.testing.assert_allclose(float(timed(499)), peak, rtol=1e-5)  # steps end the warm-up too
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(timed))
+    assert restored.get_config() == timed.get_config()
+    for bad, match in (({"total_steps": 0}, "total_steps"), ({"decay_fraction": 0.0}, "decay"),
+                       ({"warmup_fraction": 1.0}, "warmup_fraction")):
+        with pytest.raises(ValueError, match=match):
+            BudgetSchedule(**{"hidden_dim": 256, "warmup_steps": 10, "total_steps": 100, **bad})
 
 
 def test_one_training_step_under_jit_compile():
