@@ -9,7 +9,6 @@ Each stage is the same library call as its own subcommand; a re-run skips what i
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import Any
 from aiayn.pipeline import config as config_lib
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
+from aiayn.pipeline.release.model_card import host_description
 
 STAGES = ("data", "vocab", "train", "evaluate", "export")
 
@@ -53,7 +53,7 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
     names = _parse_stages(stages)
     start = time.time()
     summary: dict[str, Any] = {"preset": cfg.preset, "stages": names,
-                               "host": f"{platform.node()} ({os.cpu_count()} CPUs)"}
+                               "host": f"{platform.node()}: {host_description()}"}
     run_dir = Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_lib.write_config(cfg, run_dir / "config.yaml")

@@ -88,9 +88,36 @@ def read_eval_reports(run_dir: str | os.PathLike) -> dict[str, Any]:
     return reports
 
 
+# CPU features that decide training speed here (float32 FMA width, bf16 units).
+_SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and the features that set its matmul speed, e.g. ``AMD EPYC
+    (avx2)``; training steps per minute differ several-fold between such machines, so a
+    result is only comparable next to this. ``""`` where ``/proc/cpuinfo`` is unreadable."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    name = fields.get("model name", "")
+    return f"{name} ({', '.join(f for f in _SPEED_FLAGS if f in flags) or 'no AVX2'})" if name \
+        else ""
+
+
 def host_description() -> str:
-    """This machine in a few words (OS, CPU count, accelerators TensorFlow sees if loaded)."""
-    text = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+    """This machine in a few words (OS, CPU and count, accelerators TensorFlow sees if
+    loaded)."""
+    cpu = cpu_description()
+    text = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs" + (
+        f" {cpu}" if cpu else "")
     tf = sys.modules.get("tensorflow")  # never import TensorFlow just for the card
     if tf is not None:
         try:
@@ -204,8 +231,12 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
     else:
         out.append(f"- No finished training state in `{Path(t.run_dir) / 'train_state.json'}`; "
                    f"host: {host_description()}.")
+    schedule = ("inverse square root after it" if t.lr_schedule == "rsqrt" else
+                f"or {t.warmup_fraction:g} of the budget, then linear decay to zero over the "
+                f"last {t.decay_fraction:g} of the budget")
     out.append(f"- Recipe (§5): Adam(beta_1={t.beta_1}, beta_2={t.beta_2}, epsilon={t.epsilon}), "
-               f"warmup {t.warmup_steps} steps (learning-rate scale {t.learning_rate_scale}), "
+               f"warmup {t.warmup_steps} steps {schedule} (learning-rate scale "
+               f"{t.learning_rate_scale}), "
                f"label smoothing {t.label_smoothing}, {cfg.data.token_budget} tokens per batch "
                f"x {t.gradient_accumulation_steps} accumulation, seed {t.seed}.")
     return out + [""]
