@@ -18,7 +18,9 @@ otherwise a synthetic corpus (said so in the output) with a SentencePiece model 
 
     python bench/train.py [--preset small] [--seconds 60] [--warmup-steps 5]
 
-Prints a table; the LAST line is one JSON object with ``speedup`` and the raw figures.
+Prints a table; the LAST line is one JSON object with ``speedup``, ``steps_per_min_defaults``
+(optimizer steps per minute of the project's defaults for the preset: what a time budget turns
+into steps on this machine) and the raw figures.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from aiayn.pipeline.config import load_config  # noqa: E402
+from aiayn.pipeline.release.model_card import cpu_description  # noqa: E402
 from aiayn.pipeline.training import callbacks as cb  # noqa: E402
 from aiayn.pipeline.training import distribute  # noqa: E402
 
@@ -315,7 +318,8 @@ def main(argv=None) -> int:
     speedup = project["tokens_per_s"] / baseline["tokens_per_s"]
     print(f"corpus: {corpus}")
     print(f"model: {m.num_layers} layers, d_model {m.hidden_dim}, d_ff {m.intermediate_dim}, "
-          f"{m.num_heads} heads, vocabulary {tokenizer.vocabulary_size}; {os.cpu_count()} CPUs")
+          f"{m.num_heads} heads, vocabulary {tokenizer.vocabulary_size}; {os.cpu_count()} CPUs "
+          f"{cpu_description()}")
     print(f"{'configuration':<58} {'target tok/s':>12} {'steps/s':>8} {'steps':>6}")
     rows = [(f"project ({policy}, jit_compile={jit}, token budget {cfg.data.token_budget}, "
              "2-D buckets)", project),
@@ -323,15 +327,18 @@ def main(argv=None) -> int:
     for name, r in rows:
         print(f"{name:<58} {r['tokens_per_s']:>12,.0f} {r['steps_per_s']:>8.2f} "
               f"{r['steps']:>6}")
-    print(f"speedup: {speedup:.2f}x")
+    print(f"speedup: {speedup:.2f}x; project defaults: {project['steps_per_s'] * 60:.1f} "
+          "steps/min")
     print(json.dumps({"speedup": round(speedup, 3),
+                      "steps_per_min_defaults": round(project["steps_per_s"] * 60, 2),
                       "project_tokens_per_s": round(project["tokens_per_s"], 1),
                       "baseline_tokens_per_s": round(baseline["tokens_per_s"], 1),
                       "project_steps_per_s": round(project["steps_per_s"], 3),
                       "baseline_steps_per_s": round(baseline["steps_per_s"], 3),
                       "project_policy": policy, "project_jit_compile": jit,
                       "synthetic_corpus": corpus.startswith("SYNTHETIC"),
-                      "preset": args.preset, "seconds": args.seconds}))
+                      "preset": args.preset, "seconds": args.seconds,
+                      "cpu": cpu_description()}))
     return 0
 
 
