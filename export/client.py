@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.export.codec import protos_to_python, tensors_to_python, texts_proto, texts_tensor
-from aiayn.export.saved_model import NBEST_SIGNATURE, SERVING_SIGNATURE, list_versions
+from aiayn.export.saved_model import (
+    NBEST_SIGNATURE,
+    SAMPLES_FILE,
+    SERVING_SIGNATURE,
+    list_versions,
+)
 
 
 class ServingClientError(RuntimeError):
@@ -235,8 +240,9 @@ class LocalClient:
     def unknown_fractions(self, texts: Sequence[str]) -> list[float | None]:
         """What the ``n_best`` signature's ``unknown_fraction`` says of ``texts``, without a
         search: the export's own SentencePiece model (``assets.extra/spm.model``) through the
-        one source featuriser, the function the exported graph runs. None for each text when
-        the export has no ``spm.model``.
+        one source featuriser, the function the exported graph runs, over the pieces the graph
+        translates (its ``protect_pattern``, from ``assets.extra/verify_samples.json``). None
+        for each text when the export has no ``spm.model``.
         """
         if not texts:
             return []
@@ -247,9 +253,28 @@ class LocalClient:
             from aiayn.models.tokenizer import SubwordTokenizer
 
             self._tokenizer = SubwordTokenizer.from_file(spm_path)
-        # The fraction is of the whole input, whatever the limit (1: no padding work).
-        features = self._tokenizer.featurize_source(texts_tensor(texts), 1)
-        return [float(f) for f in features.unknown_fraction.numpy()]
+        import tensorflow as tf
+
+        from aiayn.models.protect import rows_unknown_fraction, split_protected
+
+        text = texts_tensor(texts)
+        pattern = self._protect_pattern()
+        if pattern:
+            segments = split_protected(text, pattern)
+            text = tf.boolean_mask(segments.pieces.flat_values, segments.translate.flat_values)
+        # The fraction is of the whole piece, whatever the limit (1: no padding work).
+        fractions = self._tokenizer.featurize_source(text, 1).unknown_fraction
+        if pattern:
+            fractions = rows_unknown_fraction(segments, text, fractions)
+        return [float(f) for f in fractions.numpy()]
+
+    def _protect_pattern(self) -> str:
+        """The export's ``protect_pattern`` ("" for exports made before protected spans)."""
+        samples = self.path / "assets.extra" / SAMPLES_FILE
+        if not samples.is_file():
+            return ""
+        options = json.loads(samples.read_text(encoding="utf-8")).get("options", {})
+        return options.get("protect_pattern", "")
 
 
 def connect(target: str, model_name: str = "translate", version: int | None = None,

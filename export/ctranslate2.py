@@ -14,7 +14,8 @@ On disk, beside the SavedModel versions (``<base_dir>/<model_name>/<version>/``)
     <base_dir>/ctranslate2/<model_name>[-<quantization>]/<version>/
         model.bin, config.json, shared_vocabulary.json   CTranslate2's own files
         spm.model                                       the SentencePiece model
-        aiayn_ct2.json                                  limits, search settings, special ids
+        aiayn_ct2.json                                  limits, search settings, special ids,
+                                                        protect_pattern
         config.yaml                                     the resolved run configuration, if given
 
 The ``ctranslate2`` folder holds no integer-named directory itself, so neither
@@ -61,6 +62,13 @@ import numpy as np
 
 from aiayn.export.fileio import list_versions
 from aiayn.models.limits import source_limit
+from aiayn.models.protect import (
+    DEFAULT_PATTERN,
+    TextSegments,
+    check_pattern,
+    join_text,
+    split_protected_text,
+)
 
 CT2_DIR = "ctranslate2"
 SETTINGS_FILE = "aiayn_ct2.json"
@@ -235,6 +243,7 @@ def _settings(model: Any, tokenizer: Any, options: Any, quantization: str) -> di
         "beam_size": int(options.beam_size), "n_best": int(options.n_best),
         "length_penalty": float(options.length_penalty),
         "max_batch_size": int(options.max_batch_size),
+        "protect_pattern": str(getattr(options, "protect_pattern", DEFAULT_PATTERN)),
         "pad_id": int(tokenizer.pad_id), "unk_id": int(tokenizer.unk_id),
         "bos_id": int(tokenizer.bos_id), "eos_id": int(tokenizer.eos_id),
         "length_penalty_formula": "ctranslate2: logprob / length ** alpha (length counts EOS); "
@@ -412,9 +421,20 @@ def _visible_chars(text: str) -> int:
                if not (c in "\t\n\f\r " or unicodedata.category(c).startswith("Z")))
 
 
+def _unknown_share(pieces: Sequence[str], fractions: Sequence[float]) -> float:
+    """The share of unknown characters over several pieces, from each piece's share."""
+    visible = [_visible_chars(p) for p in pieces]
+    total = sum(visible)
+    unknown = sum(round(f * v) for f, v in zip(fractions, visible))
+    return min(unknown / total, 1.0) if total else 0.0
+
+
 class CTranslate2Translator:
     """Translates with an exported CTranslate2 model, with the SavedModel's text semantics.
 
+    Protected spans (placeholders, options, numbers, URLs, markup) pass through unchanged,
+    cut and joined by :mod:`aiayn.models.protect`'s Python twin of the graph's split, with the
+    export's ``protect_pattern`` (``aiayn_ct2.json``; the default for exports without it).
     Source side as ``SubwordTokenizer.featurize_source``: SentencePiece (the model's own
     normaliser), no BOS/EOS, the first ``input_limit`` pieces kept (or, exported with
     ``on_long_input=reject``, an over-long input refused); an input with no pieces translates
@@ -520,9 +540,27 @@ class CTranslate2Translator:
         return ([hyps[0][0] if hyps else [] for hyps in found],
                 [hyps[0][1] if hyps else 0.0 for hyps in found])
 
+    @property
+    def protect_pattern(self) -> str:
+        """The spans passed through untranslated (``aiayn.models.protect``): the export's
+        ``protect_pattern``; exports written before it was stored use the default."""
+        return self.settings.get("protect_pattern", DEFAULT_PATTERN)
+
+    def segments(self, texts: Sequence[str]) -> list[TextSegments]:
+        """Each text cut at its protected spans, as the SavedModel's graph cuts it."""
+        pattern = check_pattern(self.protect_pattern, re2=False)
+        return [split_protected_text(str(t), pattern) for t in texts]
+
     def translate(self, texts: Sequence[str], n_best: bool = False,
                   beam_size: int | None = None) -> list[Translation]:
         """Translates ``texts`` as one batch (the output budget depends on its longest input).
+
+        As the SavedModel does: protected spans (placeholders, options, numbers, URLs, markup;
+        ``aiayn.models.protect``) pass through unchanged and the pieces between them, of all
+        texts, are translated as one batch; hypothesis k of a text joins hypothesis k of its
+        pieces and scores the sum of theirs; ``truncated`` if a piece was; ``unknown_fraction``
+        of the translated pieces' visible characters. A text without a span is translated
+        whole, as before.
 
         Args:
           texts: source strings.
@@ -535,14 +573,32 @@ class CTranslate2Translator:
         s = self.settings
         beam = int(beam_size or s["beam_size"])
         count = min(s["n_best"], beam) if n_best else 1
-        features = self.featurize(texts)
+        segments = self.segments(texts)
+        source = [piece for seg in segments
+                  for piece, translate in zip(seg.pieces, seg.translate) if translate]
+        features = self.featurize(source)
         found = self._search(features.tokens, beam, count, s["length_penalty"])
-        results = []
-        for hyps, cut, unknown in zip(found, features.truncated, features.unknown_fraction):
+        per_piece = []
+        for hyps in found:
             if hyps is None:  # no pieces at all: "" with score 0, as the SavedModel answers
-                pairs = (("", 0.0),) * count
+                per_piece.append((("", 0.0),) * count)
             else:
-                pairs = tuple((self.processor.decode(ids), score) for ids, score in hyps)
+                pairs = [(self.processor.decode(ids), score) for ids, score in hyps]
+                pairs += [pairs[-1]] * (count - len(pairs))  # CTranslate2 returns `count`
+                per_piece.append(tuple(pairs[:count]))
+        results, at = [], 0
+        for seg in segments:
+            n = sum(seg.translate)
+            pieces = per_piece[at:at + n]
+            if not seg.split:  # the whole text, as without protection
+                pairs = pieces[0]
+                cut, unknown = features.truncated[at], features.unknown_fraction[at]
+            else:
+                pairs = tuple((join_text(seg, [p[k][0] for p in pieces]),
+                               float(sum(p[k][1] for p in pieces))) for k in range(count))
+                cut = any(features.truncated[at:at + n])
+                unknown = _unknown_share(source[at:at + n], features.unknown_fraction[at:at + n])
+            at += n
             results.append(Translation(text=pairs[0][0], score=pairs[0][1],
                                        n_best=pairs if n_best else (), truncated=cut,
                                        unknown_fraction=unknown))

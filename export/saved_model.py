@@ -10,13 +10,21 @@ Signatures (the contract in docs/CONTRACTS.md and docs/ARCHITECTURE.md):
                                                   unknown_fraction: tf.float32 [None]
 
 ``unknown_fraction`` is the share of an input's characters the vocabulary does not know
-(``SubwordTokenizer.featurize_source``): near 1, the translation is a guess.
+(``SubwordTokenizer.featurize_source``), over the pieces translated (protected spans do not
+count): near 1, the translation is a guess. ``truncated``: a piece was cut at the input limit.
+For an input cut at protected spans, hypothesis k joins hypothesis k of its pieces and its score
+is the sum of theirs.
 
-Inside the graph: UTF-8 validation, SentencePiece tokenisation (``tensorflow_text``, linked into
-the stock ``tensorflow_model_server``), truncation or rejection of over-long inputs, the encoder,
-cached beam search (``model.generate``) and detokenisation. Outputs are dense (TF Serving cannot
-return ragged tensors) and the input is a batch (``[None]``), so the server's batcher can merge
-requests. Empty or whitespace-only strings translate to the empty string with score 0.
+Inside the graph: UTF-8 validation, the split at protected spans (placeholders, options,
+numbers, URLs, e-mail addresses, markup: :mod:`aiayn.models.protect`, tensorflow-text's
+``RegexSplitWithOffsets``), SentencePiece tokenisation (``tensorflow_text``, linked into the
+stock ``tensorflow_model_server``), truncation or rejection of over-long pieces, the encoder,
+cached beam search (``model.generate``), detokenisation and the join of the translated pieces
+with the spans, which pass through unchanged (``ServingOptions.protect_pattern``; ``""`` = off).
+An input without a span is translated whole, exactly as without protection. Outputs are dense
+(TF Serving cannot return ragged tensors) and the input is a batch (``[None]``), so the server's
+batcher can merge requests. Empty or whitespace-only strings translate to the empty string with
+score 0.
 
 On disk, the TF Serving layout::
 
@@ -75,6 +83,15 @@ from aiayn.export.warmup import (
     write_warmup_requests,
 )
 from aiayn.models.limits import source_limit
+from aiayn.models.protect import (
+    DEFAULT_PATTERN,
+    PatternError,
+    check_pattern,
+    join_translations,
+    rows_unknown_fraction,
+    scatter_to_rows,
+    split_protected,
+)
 
 WARMUP_FILE = "tf_serving_warmup_requests"
 SAMPLES_FILE = "verify_samples.json"
@@ -89,6 +106,7 @@ DEFAULT_SAMPLE_TEXTS = (
     "   ",
     "And the light shineth in darkness; and the darkness comprehended it not.",
     "Señor, ¿qué es la verdad?",
+    "Use --verbose to print %d more lines.",  # protected spans (aiayn.models.protect)
 )
 
 
@@ -108,6 +126,8 @@ class ServingOptions:
       max_input_tokens: subword tokens kept per input; longer inputs are truncated or rejected.
       on_long_input: ``"truncate"`` or ``"reject"`` (an in-graph assertion, INVALID_ARGUMENT).
       max_batch_size: the largest batch a server should accept (batching config, dev server).
+      protect_pattern: spans passed through untranslated (placeholders, options, numbers,
+        URLs, markup: :data:`aiayn.models.protect.DEFAULT_PATTERN`); ``""`` = off.
     """
 
     beam_size: int = 4
@@ -117,8 +137,13 @@ class ServingOptions:
     max_input_tokens: int = 256
     on_long_input: str = "truncate"
     max_batch_size: int = 64
+    protect_pattern: str = DEFAULT_PATTERN
 
     def __post_init__(self):
+        try:
+            check_pattern(self.protect_pattern)
+        except PatternError as err:
+            raise ExportError(f"`protect_pattern`: {err}") from None
         if self.on_long_input not in _ON_LONG_INPUT:
             raise ExportError(f"`on_long_input` must be one of {', '.join(_ON_LONG_INPUT)}; "
                               f"got {self.on_long_input!r}.")
@@ -135,7 +160,8 @@ class ServingOptions:
         return cls(beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                    max_extra_length=decode.max_extra_length, n_best=decode.n_best,
                    max_input_tokens=export.max_input_tokens, on_long_input=export.on_long_input,
-                   max_batch_size=export.max_batch_size)
+                   max_batch_size=export.max_batch_size,
+                   protect_pattern=getattr(export, "protect_pattern", DEFAULT_PATTERN))
 
 
 def _input_limit(model: Any, options: ServingOptions) -> int:
@@ -188,6 +214,36 @@ class Translator(tf.Module):
         return features
 
     def _generate(self, text: tf.Tensor, n_best: int):
+        """Text (batch,) -> translations and scores (batch, n_best), truncated and
+        unknown_fraction (batch,), with the protected spans passed through.
+
+        Each input is cut at its protected spans (:func:`aiayn.models.protect.split_protected`);
+        the pieces to translate, of every input, go through :meth:`_generate_pieces` as one
+        batch and are put back in place (:func:`aiayn.models.protect.join_translations`).
+        Hypothesis k of an input is the join of hypothesis k of its pieces, its score the sum of
+        their scores (a passed-through piece adds nothing; an input with nothing to translate
+        scores 0). ``truncated``: any piece was; ``unknown_fraction``: of the translated pieces'
+        visible characters (protected text does not count). An input without a span is one
+        piece, the input itself: a batch without spans is translated exactly as with
+        ``protect_pattern=""`` (same featuriser input, same ids, same scores).
+        """
+        pattern = self.options.protect_pattern
+        if not pattern:
+            return self._generate_pieces(text, n_best)
+        segments = split_protected(text, pattern)
+        translate = segments.translate.flat_values  # (pieces,)
+        source = tf.boolean_mask(segments.pieces.flat_values, translate)  # (translated,)
+        texts, scores, truncated, unknown = self._generate_pieces(source, n_best)
+        # (translated, n_best) each; truncated, unknown: (translated,)
+        out_texts = join_translations(segments, texts)  # (batch, n_best)
+        out_scores = scatter_to_rows(segments, scores)  # (batch, n_best)
+        out_truncated = scatter_to_rows(segments, truncated, reduce="any")  # (batch,)
+        out_unknown = rows_unknown_fraction(segments, source, unknown)  # (batch,)
+        return out_texts, out_scores, out_truncated, out_unknown
+
+    def _generate_pieces(self, text: tf.Tensor, n_best: int):
+        """Text (n,) -> texts, scores (n, n_best), truncated, unknown_fraction (n,): each text
+        translated whole (the featuriser, ``model.generate``, detokenisation)."""
         features = self._encode(text)
         empty = features.empty
         out = self.model.generate(
@@ -202,17 +258,17 @@ class Translator(tf.Module):
         texts = tf.reshape(self.tokenizer.detokenize(flat), [batch, n_best])  # (batch, n_best)
         texts = tf.where(empty[:, None], tf.constant("", tf.string), texts)
         scores = tf.where(empty[:, None], tf.zeros_like(scores), scores)
-        return texts, scores, features
+        return texts, scores, features.truncated, features.unknown_fraction
 
     # -- signatures ----------------------------------------------------------------------------
     def _serve(self, text):
-        texts, scores, _ = self._generate(text, n_best=1)
+        texts, scores, _, _ = self._generate(text, n_best=1)
         return {"translation": tf.reshape(texts, [-1]), "score": tf.reshape(scores, [-1])}
 
     def _serve_n_best(self, text):
-        texts, scores, features = self._generate(text, n_best=self.options.n_best)
-        return {"translations": texts, "scores": scores, "truncated": features.truncated,
-                "unknown_fraction": features.unknown_fraction}
+        texts, scores, truncated, unknown = self._generate(text, n_best=self.options.n_best)
+        return {"translations": texts, "scores": scores, "truncated": truncated,
+                "unknown_fraction": unknown}
 
     def translate(self, texts: Sequence[str], n_best: bool = False) -> dict[str, np.ndarray]:
         """In-process translation through the very functions that get exported."""

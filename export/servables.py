@@ -24,6 +24,7 @@ from aiayn.export.batcher import Batcher
 from aiayn.export.codec import texts_tensor
 from aiayn.export.saved_model import SAMPLES_FILE, WARMUP_FILE
 from aiayn.export.warmup import read_warmup_requests
+from aiayn.models.protect import split_protected
 from aiayn.models.tokenizer import SubwordTokenizer
 
 log = logging.getLogger("aiayn.export.server")
@@ -47,6 +48,8 @@ class Servable:
         self.max_batch_size = int(max_batch_size or options.get("max_batch_size") or 64)
         self.input_limit = self.samples.get("input_limit")
         self.on_long_input = options.get("on_long_input", "truncate")
+        # Exports made before protected spans translate every input whole.
+        self.protect_pattern = options.get("protect_pattern", "")
         self.tokenizer = _source_tokenizer(path / "assets.extra" / "spm.model")
         self.batchers = {key: Batcher(self._runner(key), self.max_batch_size, batch_timeout_ms,
                                       name=f"{name}/{version}/{key}")
@@ -95,14 +98,26 @@ class Servable:
 
         The counts come from the project's one source featuriser
         (:meth:`~aiayn.models.tokenizer.SubwordTokenizer.featurize_source`) with the export's
-        ``input_limit``, so "too long" means exactly what the exported signature truncates.
+        ``input_limit``, so "too long" means exactly what the exported signature truncates:
+        with protected spans (the export's ``protect_pattern``), the limit holds per translated
+        piece, and the count is that of the input's longest piece.
         `texts` must be valid UTF-8 (the featuriser asserts it; the Predictor checks first).
         """
         if self.tokenizer is None or not self.input_limit:
             return []
-        features = self.tokenizer.featurize_source(texts_tensor(texts), int(self.input_limit))
-        lengths = features.lengths.numpy()  # (batch,) token counts before truncation
-        return [(int(i), int(lengths[i])) for i in np.flatnonzero(features.truncated.numpy())]
+        text = texts_tensor(texts)
+        rows = tf.range(tf.shape(text, out_type=tf.int64)[0])  # (batch,): one piece each
+        if self.protect_pattern:
+            segments = split_protected(text, self.protect_pattern)
+            translate = segments.translate.flat_values  # (pieces,)
+            text = tf.boolean_mask(segments.pieces.flat_values, translate)  # (translated,)
+            rows = tf.boolean_mask(segments.pieces.value_rowids(), translate)
+        features = self.tokenizer.featurize_source(text, int(self.input_limit))
+        over = features.truncated.numpy()  # (pieces,)
+        longest: dict[int, int] = {}  # input -> its longest piece's token count
+        for row, count in zip(rows.numpy()[over], features.lengths.numpy()[over]):
+            longest[int(row)] = max(longest.get(int(row), 0), int(count))
+        return sorted(longest.items())
 
     def warmup(self) -> int:
         """Replays ``assets.extra/tf_serving_warmup_requests``; returns the requests run."""

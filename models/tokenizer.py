@@ -257,8 +257,8 @@ class SubwordTokenizer(tf.Module):
         spans = tf.strings.substr(tf.gather(strings, rows), tf.cast(begin, tf.int32),
                                   tf.cast(size, tf.int32))  # (unk pieces,) the unknown text
         batch = tf.shape(strings, out_type=tf.int64)[0]
-        unknown = tf.math.unsorted_segment_sum(_visible_chars(spans), rows, batch)  # (batch,)
-        total = _visible_chars(strings)  # (batch,)
+        unknown = tf.math.unsorted_segment_sum(visible_chars(spans), rows, batch)  # (batch,)
+        total = visible_chars(strings)  # (batch,)
         fraction = tf.cast(unknown, tf.float32) / tf.cast(tf.maximum(total, 1), tf.float32)
         return tf.where(total > 0, tf.minimum(fraction, 1.0), 0.0)
 
@@ -274,7 +274,7 @@ class SourceFeatures(NamedTuple):
     unknown_fraction: tf.Tensor
 
 
-def _visible_chars(strings: tf.Tensor) -> tf.Tensor:
+def visible_chars(strings: tf.Tensor) -> tf.Tensor:
     """int32 `(batch,)`: characters of each string, whitespace (any Unicode space) not counted.
     """
     visible = tf.strings.regex_replace(strings, r"[\s\p{Z}]+", "")

@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from aiayn.models.limits import source_limit as _model_source_limit
+from aiayn.models.protect import DEFAULT_PATTERN, PatternError, check_pattern
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 
@@ -170,6 +171,9 @@ class ExportConfig:
     max_input_tokens: int = 256
     on_long_input: str = "truncate"  # truncate | reject
     max_batch_size: int = 64
+    # Spans passed through untranslated (placeholders, options, numbers, URLs, markup:
+    # models/protect.py), in the export, evaluation and the CTranslate2 engine; "" = off.
+    protect_pattern: str = DEFAULT_PATTERN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -600,6 +604,10 @@ def validate(cfg: Config) -> None:
     """
     _check_ranges(cfg)  # before the divisions below
     d, m, t = cfg.data, cfg.model, cfg.train
+    try:
+        check_pattern(cfg.export.protect_pattern, re2=False)
+    except PatternError as err:
+        raise ConfigError(f"`export.protect_pattern`: {err}") from None
     if m.hidden_dim % m.num_heads:
         raise ConfigError(
             "`model.num_heads` must divide `model.hidden_dim`. Received: "

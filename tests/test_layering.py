@@ -21,9 +21,10 @@ ALLOWED = {
     "export": {"models", "export"},
     "pipeline": {"models", "export", "pipeline"},
 }
-# Only the tokenizer wrapper in models/ touches TensorFlow directly; layers, losses and decoding
-# use keras.ops (the same code traces under tf.function and XLA).
-TF_ALLOWED_IN_MODELS = {"tokenizer.py"}
+# Only the text modules of models/ (the tokenizer wrapper, the protected-span split) touch
+# TensorFlow directly; layers, losses and decoding use keras.ops (the same code traces under
+# tf.function and XLA).
+TF_ALLOWED_IN_MODELS = {"tokenizer.py", "protect.py"}
 
 # pipeline/, bottom to top: a module may import modules of its own rank or below.
 FOUNDATION = {"errors", "fileio", "config"}
