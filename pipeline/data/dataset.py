@@ -284,7 +284,8 @@ def _no_pair_fits(counts: dict[str, Any]) -> UserInputError:
         "data.token_budget must be at least as large).")
 
 
-def _padding(pad_id: int) -> tuple[dict[str, Any], Any]:
+def padding_values(pad_id: int) -> tuple[dict[str, Any], Any]:
+    """``padded_batch`` values for training's ``(features, labels)``: ``pad_id``, masks False."""
     pad = tf.constant(pad_id, tf.int32)
     return ({"encoder_token_ids": pad, "encoder_padding_mask": False,
              "decoder_token_ids": pad, "decoder_padding_mask": False}, pad)
@@ -344,7 +345,8 @@ def batch_by_token_budget(boundaries: Sequence[int], token_budget: int, pad_id: 
         shapes = ({"encoder_token_ids": [src_pad], "encoder_padding_mask": [src_pad],
                    "decoder_token_ids": [tgt_pad], "decoder_padding_mask": [tgt_pad]}, [tgt_pad])
         return window.padded_batch(sizes[key], padded_shapes=shapes,
-                                   padding_values=_padding(pad_id), drop_remainder=drop_remainder)
+                                   padding_values=padding_values(pad_id),
+                                   drop_remainder=drop_remainder)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset.group_by_window(key_func=key_fn, reduce_func=reduce_fn,

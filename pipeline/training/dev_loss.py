@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from aiayn.models.tokenizer import SubwordTokenizer
-from aiayn.pipeline.data.dataset import featurize_pairs, filter_by_length
+from aiayn.pipeline.data.dataset import featurize_pairs, filter_by_length, padding_values
 from aiayn.pipeline.training.callbacks import RunHistory, current_step
 
 DEV_LOSS_BATCH = 64  # pairs per forward pass
@@ -33,10 +33,7 @@ def dev_batches(pairs: Sequence[tuple[str, str]], tokenizer: SubwordTokenizer,
     lines = tf.data.Dataset.from_tensor_slices(
         tf.constant([f"{s}\t{t}" for s, t in pairs] or [""], tf.string))
     dataset = lines.apply(featurize_pairs(tokenizer)).apply(filter_by_length(max_length))
-    pad = tf.constant(pad_id, tf.int32)
-    dataset = dataset.padded_batch(DEV_LOSS_BATCH, padding_values=(
-        {"encoder_token_ids": pad, "encoder_padding_mask": False,
-         "decoder_token_ids": pad, "decoder_padding_mask": False}, pad))
+    dataset = dataset.padded_batch(DEV_LOSS_BATCH, padding_values=padding_values(pad_id))
     return list(dataset)
 
 
