@@ -82,6 +82,7 @@ from aiayn.export.warmup import (
     warmup_texts,
     write_warmup_requests,
 )
+from aiayn.models.decoding import STOP_RULES
 from aiayn.models.limits import source_limit
 from aiayn.models.protect import (
     DEFAULT_PATTERN,
@@ -123,6 +124,8 @@ class ServingOptions:
       length_penalty: alpha of the GNMT length penalty (paper §6.1: 0.6).
       max_extra_length: generated tokens allowed beyond the input length (paper: +50).
       n_best: hypotheses returned by the ``n_best`` signature (<= beam_size).
+      stop_rule: when a sentence's beam search stops, ``"current"`` or ``"bound"``
+        (:mod:`aiayn.models.decoding`).
       max_input_tokens: subword tokens kept per input; longer inputs are truncated or rejected.
       on_long_input: ``"truncate"`` or ``"reject"`` (an in-graph assertion, INVALID_ARGUMENT).
       max_batch_size: the largest batch a server should accept (batching config, dev server).
@@ -134,6 +137,7 @@ class ServingOptions:
     length_penalty: float = 0.6
     max_extra_length: int = 50
     n_best: int = 4
+    stop_rule: str = "current"
     max_input_tokens: int = 256
     on_long_input: str = "truncate"
     max_batch_size: int = 64
@@ -144,6 +148,9 @@ class ServingOptions:
             check_pattern(self.protect_pattern)
         except PatternError as err:
             raise ExportError(f"`protect_pattern`: {err}") from None
+        if self.stop_rule not in STOP_RULES:
+            raise ExportError(f"`stop_rule` must be one of {', '.join(STOP_RULES)}; "
+                              f"got {self.stop_rule!r}.")
         if self.on_long_input not in _ON_LONG_INPUT:
             raise ExportError(f"`on_long_input` must be one of {', '.join(_ON_LONG_INPUT)}; "
                               f"got {self.on_long_input!r}.")
@@ -159,6 +166,7 @@ class ServingOptions:
         """Builds options from the ``decode`` and ``export`` config sections (duck-typed)."""
         return cls(beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                    max_extra_length=decode.max_extra_length, n_best=decode.n_best,
+                   stop_rule=getattr(decode, "stop_rule", "current"),
                    max_input_tokens=export.max_input_tokens, on_long_input=export.on_long_input,
                    max_batch_size=export.max_batch_size,
                    protect_pattern=getattr(export, "protect_pattern", DEFAULT_PATTERN))
@@ -250,7 +258,8 @@ class Translator(tf.Module):
             features.token_ids, features.padding_mask, bos_id=self.tokenizer.bos_id,
             eos_id=self.tokenizer.eos_id,
             beam_size=self.options.beam_size, length_penalty=self.options.length_penalty,
-            max_extra_length=self.options.max_extra_length, n_best=n_best, dynamic_shapes=True)
+            max_extra_length=self.options.max_extra_length, n_best=n_best, dynamic_shapes=True,
+            stop_rule=self.options.stop_rule)
         token_ids = tf.convert_to_tensor(out["token_ids"])  # (batch, n_best, out_len)
         scores = tf.cast(tf.convert_to_tensor(out["scores"]), tf.float32)  # (batch, n_best)
         batch = tf.shape(token_ids)[0]

@@ -159,6 +159,10 @@ class DecodeConfig:
     max_extra_length: int = 50
     n_best: int = 4
     batch_size: int = 64
+    # When a sentence's search stops (models/decoding.py): "current" (its best finished beats
+    # every alive beam at its current length; CTranslate2's and Hugging Face's default kind)
+    # or "bound" (beats what any alive beam could still reach; 1.4x the decoding time).
+    stop_rule: str = "current"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +235,7 @@ _VALID_CHOICES = {
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),
     ("export", "on_long_input"): ("truncate", "reject"),
+    ("decode", "stop_rule"): ("current", "bound"),
 }
 
 # The largest integer a count or length may have (TensorFlow holds lengths, boundaries and

@@ -212,6 +212,8 @@ def test_yaml_values_are_checked_like_overrides(tmp_path):
      r"`export.max_input_tokens`=300 leaves no room.*max_position=20"),
     (["export.on_long_input=drop"], r"`export.on_long_input` must be one of truncate, reject; "
                                     r"got 'drop'"),
+    (["decode.stop_rule=never"], r"`decode.stop_rule` must be one of current, bound; "
+                                 r"got 'never'"),
     # data
     (["data.token_budget=16"], r"`data.token_budget` \(16\) must be at least `data.max_length` "
                                r"\(32\)"),

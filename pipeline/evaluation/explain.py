@@ -104,6 +104,7 @@ def _resolve_layer(layer: int, num_layers: int) -> int:
 def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str | Path,
                         layer: int = -1, beam_size: int = 4, length_penalty: float = 0.6,
                         max_extra_length: int = 50, max_length: int = 256,
+                        stop_rule: str = "current",
                         self_attention: bool = False, dpi: int = 100) -> dict[str, Any]:
     """Translates one sentence and plots the cross-attention of one decoder layer per head.
 
@@ -120,8 +121,8 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
       out_png: where the cross-attention figure goes.
       layer: which layer (of the decoder for cross/decoder maps, of the encoder for encoder
         maps); negative counts from the end (default: the last).
-      beam_size, length_penalty, max_extra_length: decode settings for ``model.generate``
-        (``beam_size=1`` is greedy).
+      beam_size, length_penalty, max_extra_length, stop_rule: decode settings for
+        ``model.generate`` (``beam_size=1`` is greedy).
       max_length: the source limit (``aiayn.pipeline.config.source_limit(cfg)``).
       self_attention: also plot the encoder and decoder self-attention of ``layer``.
       dpi: image resolution; the size in pixels is ``image_size``.
@@ -153,7 +154,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     layer = _resolve_layer(layer, int(model.num_layers))
 
     produced, translation, score = _search(model, tokenizer, ids, mask, beam_size,
-                                           length_penalty, max_extra_length)
+                                           length_penalty, max_extra_length, stop_rule)
     maps = attention_maps(model, tokenizer, [sentence], [produced], max_length=max_length)
     source_ids = maps["encoder_token_ids"][0]
     source_pieces = _pieces(tokenizer, source_ids)
@@ -176,7 +177,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
 
 
 def _search(model: Any, tokenizer: Any, ids, mask, beam_size: int, length_penalty: float,
-            max_extra_length: int) -> tuple[list[int], str, float]:
+            max_extra_length: int, stop_rule: str = "current") -> tuple[list[int], str, float]:
     """``model.generate`` on one featurised sentence: produced ids (EOS last when the search
     stopped on it), the translation and its score."""
     import tensorflow as tf
@@ -187,7 +188,7 @@ def _search(model: Any, tokenizer: Any, ids, mask, beam_size: int, length_penalt
         return model.generate(token_ids, padding_mask, bos_id=tokenizer.bos_id,
                               eos_id=tokenizer.eos_id, beam_size=beam_size,
                               length_penalty=length_penalty, max_extra_length=max_extra_length,
-                              n_best=1)
+                              n_best=1, stop_rule=stop_rule)
 
     out = generate(tf.cast(ids, tf.int32), mask)
     generated = out["token_ids"].numpy()[0, 0]  # (L,) no BOS; EOS and after = pad

@@ -290,7 +290,7 @@ def _explain(args: argparse.Namespace, cfg, texts: list[str]) -> None:
         data = explain_translation(
             model, tokenizer, text, path, layer=args.layer, beam_size=cfg.decode.beam_size,
             length_penalty=cfg.decode.length_penalty,
-            max_extra_length=cfg.decode.max_extra_length,
+            max_extra_length=cfg.decode.max_extra_length, stop_rule=cfg.decode.stop_rule,
             max_length=source_limit(cfg), self_attention=args.self_attention)
         print(data["translation"])
         if data["unknown_fraction"] > UNKNOWN_WARNING_FRACTION:

@@ -282,7 +282,8 @@ def _decode_section(cfg: Any) -> list[str]:
     return ["## Decoding (as served)", "",
             f"Beam search with beam size {d.beam_size} (1 = greedy), length penalty alpha "
             f"{d.length_penalty} (GNMT, ((5+len)/6)^alpha), at most input length + "
-            f"{d.max_extra_length} tokens, {d.n_best}-best on the n-best signature. Inputs over "
+            f"{d.max_extra_length} tokens, {d.n_best}-best on the n-best signature; a sentence "
+            f"stops by the `{d.stop_rule}` rule (`decode.stop_rule`). Inputs over "
             f"{e.max_input_tokens} subwords are "
             f"{'rejected' if e.on_long_input == 'reject' else 'truncated'} "
             f"(`export.on_long_input={e.on_long_input}`); server batches up to "

@@ -138,3 +138,17 @@ def test_existing_version_is_refused(exported, trained_model, toy_tokenizer):
     with pytest.raises(sm.ExportError, match="already exists"):
         sm.export_saved_model(trained_model, toy_tokenizer, cfg.export.base_dir,
                               cfg.export.model_name, version=int(path.name))
+
+
+def test_serving_options_carry_the_stop_rule(toy_config):
+    import dataclasses
+
+    from aiayn.export import saved_model as sm
+
+    options = sm.ServingOptions.from_configs(toy_config.decode, toy_config.export)
+    assert options.stop_rule == toy_config.decode.stop_rule == "current"
+    bound = dataclasses.replace(toy_config.decode, stop_rule="bound")
+    assert sm.ServingOptions.from_configs(bound, toy_config.export).stop_rule == "bound"
+    with pytest.raises(sm.ExportError, match=r"`stop_rule` must be one of current, bound; "
+                                             r"got 'never'"):
+        sm.ServingOptions(stop_rule="never")

@@ -277,3 +277,57 @@ def test_generate_dynamic_shapes_equals_static_shapes(beam_size, n_best):
         np.testing.assert_array_equal(out["token_ids"], static["token_ids"])
         np.testing.assert_array_equal(out["lengths"], static["lengths"])
         np.testing.assert_allclose(out["scores"], static["scores"], rtol=1e-4, atol=1e-5)
+
+
+# -- the stop rule ------------------------------------------------------------------------------
+# bos -> a .6 | b .4; a -> eos .8; b -> c .95; c -> eos .95. With alpha = 3, "b c eos" (3 tokens)
+# outscores "a eos" (2 tokens), but only once it has ended: after 2 tokens, "a eos" beats every
+# alive beam at its current length, so the "current" rule stops there; the "bound" rule sees that
+# "b c" could still reach log(.38) / lp(max_length) and goes on.
+LATE_TABLE = bigram({S_BOS: {A: 0.6, B: 0.4}, A: {S_EOS: 0.8, A: 0.1, B: 0.05, C: 0.05},
+                     B: {C: 0.95, S_EOS: 0.05}, C: {S_EOS: 0.95, A: 0.05}})
+
+
+@pytest.mark.parametrize("search", ["static", "shrinking"])
+def test_stop_rules_current_stops_at_the_leader_and_bound_finds_the_late_winner(search):
+    def lp(length):
+        return ((5 + length) / 6) ** 3.0
+
+    run = decoding.beam_search if search == "static" else decoding.shrinking_beam_search
+    out = {rule: _np(run(bigram_step_fn(LATE_TABLE), (), 2, S_BOS, S_EOS, S_PAD, 2, 6, 3.0, 1,
+                         stop_rule=rule)) for rule in decoding.STOP_RULES}
+    assert out["current"]["token_ids"][:, 0, :2].tolist() == [[A, S_PAD]] * 2
+    np.testing.assert_allclose(out["current"]["scores"][:, 0], math.log(0.6 * 0.8) / lp(2),
+                               rtol=1e-5)
+    assert out["bound"]["token_ids"][:, 0, :3].tolist() == [[B, C, S_PAD]] * 2
+    np.testing.assert_allclose(out["bound"]["scores"][:, 0],
+                               math.log(0.4 * 0.95 * 0.95) / lp(3), rtol=1e-5)
+    assert out["bound"]["scores"][0, 0] > out["current"]["scores"][0, 0]
+
+
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_stop_rule_current_takes_no_more_steps_and_static_equals_shrinking(n_best):
+    steps = {}
+    for rule in decoding.STOP_RULES:
+        seen = []
+
+        def counting_step(ids, cache, index, seen=seen):
+            seen.append(int(ops.shape(ids)[0]))
+            return bigram_step_fn(LATE_TABLE)(ids, cache, index)
+
+        shrinking = _np(decoding.shrinking_beam_search(counting_step, (), 3, S_BOS, S_EOS,
+                                                       S_PAD, 2, 6, 3.0, n_best, stop_rule=rule))
+        static = _np(decoding.beam_search(bigram_step_fn(LATE_TABLE), (), 3, S_BOS, S_EOS, S_PAD,
+                                          2, 6, 3.0, n_best, stop_rule=rule))
+        np.testing.assert_array_equal(shrinking["token_ids"], static["token_ids"])
+        np.testing.assert_allclose(shrinking["scores"], static["scores"], rtol=1e-6)
+        steps[rule] = len(seen)
+    # One best: "current" stops after 2 tokens, "bound" after 3. Two best: both need
+    # "b c eos" finished, so both run 3 steps.
+    assert (steps["current"], steps["bound"]) == ((2, 3) if n_best == 1 else (3, 3))
+
+
+def test_unknown_stop_rule_is_refused():
+    with pytest.raises(ValueError, match="`stop_rule` must be one of current, bound"):
+        decoding.beam_search(bigram_step_fn(TABLE), (), 1, S_BOS, S_EOS, S_PAD, 2, 4,
+                             stop_rule="never")
