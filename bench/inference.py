@@ -23,6 +23,7 @@ a QUICK model, clearly labelled in the table: the preset's architecture trained 
 word-for-word corpus), its sentences from the test split (or held-out synthetic ones).
 
     .venv/bin/python bench/inference.py [--preset small] [--sentences 200] [--rounds 3]
+        [--set decode.stop_rule=bound] [--set train.run_dir=runs/other]
 
 Prints a table, then (last line) one JSON object.
 """
@@ -224,6 +225,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds")
     parser.add_argument("--quick-minutes", type=float, default=4.0,
                         help="training time of the QUICK model when no trained run exists")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, as `aiayn --set` (e.g. decode.stop_rule=bound, "
+                             "train.run_dir=runs/other)")
     args = parser.parse_args(argv)
 
     import sentencepiece as spm
@@ -233,7 +237,7 @@ def main(argv=None) -> int:
     from aiayn.pipeline.config import load_config
     from aiayn.pipeline.training.validation import score
 
-    cfg = load_config([args.preset])
+    cfg = load_config([args.preset], args.set)
     options = dataclasses.replace(sm.ServingOptions.from_configs(cfg.decode, cfg.export),
                                   n_best=1)
     with tempfile.TemporaryDirectory(prefix="aiayn-bench-inference-") as tmp:
