@@ -19,7 +19,9 @@ class CopyModel:
         self.batch_shapes = []
 
     def generate(self, encoder_token_ids, encoder_padding_mask, bos_id, eos_id, beam_size=4,
-                 length_penalty=0.6, max_extra_length=50, n_best=1, dynamic_shapes=False):
+                 length_penalty=0.6, max_extra_length=50, n_best=1, dynamic_shapes=False,
+                 stop_rule="current"):
+        assert stop_rule == "current"  # the Translator passes the configured rule
         self.batch_shapes.append(tuple(encoder_token_ids.shape.as_list()))
         ids = tf.where(encoder_padding_mask, encoder_token_ids, self.pad_id)  # (B, S)
         lengths = tf.reduce_sum(tf.cast(encoder_padding_mask, tf.int32), axis=1)  # (B,)
