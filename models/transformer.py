@@ -104,9 +104,9 @@ class Transformer(keras.Model):
         """The pre-softmax projection ``(hidden, vocabulary_size)`` in the compute dtype.
 
         Tied (§3.4): the embedding table transposed, as a new tensor. Decoding computes it once
-        before its loop and passes it to every step: a matmul against the ``(V, hidden)`` table
-        with the transpose folded in ran at 0.6x the speed of one against this copy (Eigen, 128
-        rows, V = 8000; bench/decode_profile.py).
+        before its loop and passes it to every step: on 2-core x86 CPUs a matmul against the
+        ``(V, hidden)`` table with the transpose folded in (Eigen, 128 rows, V = 8000) ran at
+        0.6x the speed of one against this copy; bench/decode_profile.py shows the share.
         """
         if self.output_projection is not None:
             return ops.cast(self.output_projection.kernel, self.compute_dtype)
@@ -291,6 +291,9 @@ class Transformer(keras.Model):
             raise ValueError(
                 f"`n_best` must be in [1, beam_size]. Received: n_best={n_best}, "
                 f"beam_size={beam_size}. Fix: raise beam_size or lower n_best.")
+        if stop_rule not in decoding.STOP_RULES:  # checked for greedy search too (a typo errs)
+            raise ValueError(f"`stop_rule` must be one of {', '.join(decoding.STOP_RULES)}. "
+                             f"Received: {stop_rule!r}.")
         if not self.built:
             self.build()
         token_ids = ops.cast(encoder_token_ids, "int32")

@@ -182,6 +182,9 @@ def test_generate_contract_shapes_and_pad_after_eos():
     with pytest.raises(ValueError, match="n_best"):
         model.generate(features["encoder_token_ids"], features["encoder_padding_mask"], BOS,
                        EOS, beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="`stop_rule` must be one of current, bound.*'Bound'"):
+        model.generate(features["encoder_token_ids"], features["encoder_padding_mask"], BOS,
+                       EOS, beam_size=1, stop_rule="Bound")
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
