@@ -112,12 +112,12 @@ def main(argv=None) -> int:
     def generate(ids, mask):
         return model.generate(ids, mask, tokenizer.bos_id, tokenizer.eos_id,
                               beam_size=dec.beam_size, length_penalty=dec.length_penalty,
-                              max_extra_length=dec.max_extra_length, dynamic_shapes=True)
+                              max_extra_length=dec.max_extra_length, dynamic_shapes=True,
+                              stop_rule=dec.stop_rule)
 
     for ids, mask in batches:
         generate(ids, mask)
     with tempfile.TemporaryDirectory() as logdir:
-        logdir = os.environ.get("PROFILE_DIR", logdir)
         seconds, steps = profile(generate, batches, logdir)
         by_type, by_part = op_times(logdir)
     total = sum(by_type.values())

@@ -235,6 +235,7 @@ _VALID_CHOICES = {
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),
     ("export", "on_long_input"): ("truncate", "reject"),
+    # aiayn.models.decoding.STOP_RULES, spelled out: importing it would load Keras with the config.
     ("decode", "stop_rule"): ("current", "bound"),
 }
 
