@@ -62,14 +62,14 @@ def profile(fn, batches, logdir):
     return seconds, steps
 
 
-def op_times(logdir):
+def trace_events(logdir):
+    """``(op name, op type, ms)`` of every TensorFlow op the profiler recorded in ``logdir``."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     path = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))[-1]
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
-    by_type, by_part = collections.Counter(), collections.Counter()
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
@@ -82,9 +82,14 @@ def op_times(logdir):
                 op_name, op_type = name.rsplit(":", 1)
                 if op_type in ("While", "StatefulPartitionedCall", "PartitionedCall"):
                     continue  # their bodies' ops are counted themselves
-                ms = event.duration_ps / 1e9
-                by_type[op_type] += ms
-                by_part[part_of(op_name, op_type)] += ms
+                yield op_name, op_type, event.duration_ps / 1e9
+
+
+def op_times(logdir):
+    by_type, by_part = collections.Counter(), collections.Counter()
+    for op_name, op_type, ms in trace_events(logdir):
+        by_type[op_type] += ms
+        by_part[part_of(op_name, op_type)] += ms
     return by_type, by_part
 
 

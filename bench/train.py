@@ -42,6 +42,10 @@ import warnings  # noqa: E402
 warnings.filterwarnings("ignore", message=".*does not support masking.*")
 warnings.filterwarnings("ignore", message=".*`shuffle=True` was passed.*")
 
+from aiayn.pipeline.tf_runtime import onednn_setting, prepare_tensorflow  # noqa: E402
+
+prepare_tensorflow()  # the project's defaults (oneDNN on where the user has not chosen)
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -319,7 +323,7 @@ def main(argv=None) -> int:
     print(f"corpus: {corpus}")
     print(f"model: {m.num_layers} layers, d_model {m.hidden_dim}, d_ff {m.intermediate_dim}, "
           f"{m.num_heads} heads, vocabulary {tokenizer.vocabulary_size}; {os.cpu_count()} CPUs "
-          f"{cpu_description()}")
+          f"{cpu_description()}; oneDNN {onednn_setting()} (both configurations)")
     print(f"{'configuration':<58} {'target tok/s':>12} {'steps/s':>8} {'steps':>6}")
     rows = [(f"project ({policy}, jit_compile={jit}, token budget {cfg.data.token_budget}, "
              "2-D buckets)", project),
@@ -336,6 +340,7 @@ def main(argv=None) -> int:
                       "project_steps_per_s": round(project["steps_per_s"], 3),
                       "baseline_steps_per_s": round(baseline["steps_per_s"], 3),
                       "project_policy": policy, "project_jit_compile": jit,
+                      "onednn": onednn_setting(),
                       "synthetic_corpus": corpus.startswith("SYNTHETIC"),
                       "preset": args.preset, "seconds": args.seconds,
                       "cpu": cpu_description()}))

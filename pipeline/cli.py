@@ -25,6 +25,7 @@ from aiayn.pipeline.data import commands as data_commands
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.evaluation import commands as evaluation_commands
 from aiayn.pipeline.release import commands as release_commands
+from aiayn.pipeline.tf_runtime import prepare_tensorflow
 from aiayn.pipeline.tfx import commands as tfx_commands
 from aiayn.pipeline.training import commands as training_commands
 
@@ -118,6 +119,7 @@ def _one_line(message: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prepare_tensorflow()  # before any handler imports TensorFlow
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

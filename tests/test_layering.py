@@ -27,7 +27,7 @@ ALLOWED = {
 TF_ALLOWED_IN_MODELS = {"tokenizer.py", "protect.py"}
 
 # pipeline/, bottom to top: a module may import modules of its own rank or below.
-FOUNDATION = {"errors", "fileio", "config"}
+FOUNDATION = {"errors", "fileio", "config", "tf_runtime"}
 STAGES = ("data", "training", "evaluation", "release", "tfx")
 TOP = {"cli", "run", "tfx_module"}
 

@@ -79,8 +79,8 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
     state = {"status": "complete", "summary": {
         "steps": 20, "stop_reason": "steps", "train_seconds": 3725.0,
         "tokens_per_second": 1234.5, "strategy": "OneDeviceStrategy", "replicas": 1,
-        "mixed_precision": "float32", "jit_compile": False, "parameters": 12345,
-        "averaging": {"chosen": "average_last_2"}}}
+        "mixed_precision": "float32", "jit_compile": False, "onednn": "on",
+        "parameters": 12345, "averaging": {"chosen": "average_last_2"}}}
     (tmp_path / "run" / "train_state.json").write_text(json.dumps(state))
     out = tmp_path / "card" / "model_card.md"
     card = write_model_card(run_cfg, out, vocabulary_size=200)
@@ -91,6 +91,7 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
                  "preset | `tiny`", "12,345", "layers N (encoder, decoder) | 2",
                  "| d_model | 16 |", "| heads h | 2 |", "vocabulary (joint) | 200",
                  "Steps: 20 of 20", "training time 1 h 02 min", "OneDeviceStrategy",
+                 "XLA off, oneDNN on; host:",
                  "`average_last_2`", f"beam size {run_cfg.decode.beam_size}",
                  f"length penalty alpha {run_cfg.decode.length_penalty}",
                  "Archaic target language", "Bible verses only", "Verse-level",

@@ -221,7 +221,9 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
         out.append(f"- Hardware: {summary.get('strategy', '?')} with "
                    f"{summary.get('replicas', '?')} replica(s), precision "
                    f"`{summary.get('mixed_precision', '?')}`, XLA "
-                   f"{'on' if summary.get('jit_compile') else 'off'}; host: "
+                   f"{'on' if summary.get('jit_compile') else 'off'}"
+                   + (f", oneDNN {summary['onednn']}" if "onednn" in summary else "")
+                   + "; host: "
                    + ((run_summary or {}).get("host") or host_description()) + ".")
         averaging = summary.get("averaging") or {}
         if averaging.get("chosen"):

@@ -58,6 +58,7 @@ from aiayn.pipeline.data.corpus import split_path
 from aiayn.pipeline.data.dataset import make_train_dataset
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write, describe_holder, hold_lock, remove_leftovers
+from aiayn.pipeline.tf_runtime import onednn_setting
 from aiayn.pipeline.training import callbacks as cb
 from aiayn.pipeline.training import checkpoints, distribute
 from aiayn.pipeline.training.artifacts import (
@@ -317,7 +318,8 @@ class _Session:
         self.stream.write(
             f"training {n_params / 1e6:.1f}M parameters on {type(strategy).__name__} "
             f"({strategy.num_replicas_in_sync} replica(s)); policy {self.policy}; jit_compile "
-            f"{self.jit}; {t.steps} steps x {self.cfg.data.token_budget} tokens/replica x "
+            f"{self.jit}; oneDNN {onednn_setting()}; {t.steps} steps x "
+            f"{self.cfg.data.token_budget} tokens/replica x "
             f"{t.gradient_accumulation_steps} accumulation; time budget "
             f"{t.max_minutes or 'none'} min"
             + (f"; resuming from step {self.skip_steps}" if self.skip_steps else "") + "\n")
@@ -439,7 +441,8 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
         "tokens_per_second": round(s.progress.tokens_total_session / max(session_seconds, 1e-9),
                                    1),
         "strategy": type(s.strategy).__name__, "replicas": s.strategy.num_replicas_in_sync,
-        "mixed_precision": s.policy, "jit_compile": s.jit, "parameters": n_params,
+        "mixed_precision": s.policy, "jit_compile": s.jit, "onednn": onednn_setting(),
+        "parameters": n_params,
         "run_dir": str(s.files.root),
     }
     if s.evaluator is not None:

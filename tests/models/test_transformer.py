@@ -145,6 +145,12 @@ def test_loss_is_mean_over_real_tokens_with_label_smoothing():
     real = labels != 0
     np.testing.assert_allclose(float(acc.result()),
                                (logits.argmax(-1) == labels)[real].mean(), rtol=1e-6)
+    # Right means the label's logit is the row's largest; a tie counts as right, padding never.
+    tie = MaskedAccuracy(pad_id=0)
+    tie.update_state(np.array([[2, 1, 3, 0]]),
+                     np.array([[[0, 5, 5, 1], [0, 5, 5, 1], [0, 5, 5, 1], [9, 0, 0, 0]]],
+                              "float32"))
+    assert (float(tie.correct), float(tie.count)) == (2.0, 3.0)
     # The gradient is the smoothed-target softmax residual on real tokens, zero on padding.
     variable = tf.Variable(logits)
     with tf.GradientTape() as tape:
