@@ -106,8 +106,9 @@ class MaskedAccuracy(keras.metrics.Metric):
     logit, which ``argmax`` would break by index, counts as right). That takes one max over
     the ``(B, T, V)`` logits and a gather of ``B * T`` values; ``keras.ops.argmax`` on the
     TensorFlow backend first rewrites every ``-0.0`` logit (a bitcast, a bitwise and, two
-    compares and a select over all ``B * T * V`` values), which cost 18% of a training step
-    of the ``small`` preset on a 2-core CPU (``bench/train_step_profile.py``).
+    compares and a select over all ``B * T * V`` values): 9% of the op time of a training step
+    of the ``small`` preset on a 2-core CPU, whose steps ran 1.055x faster without it
+    (docs/RECIPE.md, "Throughput").
 
     Keeps two sums (correct, real tokens), so it aggregates exactly across batches and
     replicas.

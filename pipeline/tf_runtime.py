@@ -5,10 +5,10 @@
 
 ``TF_ENABLE_ONEDNN_OPTS``: TensorFlow turns its oneDNN CPU kernels on by itself only on x86
 CPUs with AVX-512 VNNI/BF16 or AMX; everywhere else (an AVX2-only CPU, such as the 2-core AMD
-EPYC this project is measured on) Eigen runs the matmuls. There, oneDNN made a training step of
-the ``small`` preset 1.07x faster and beam search 1.15x faster, with the same outputs
-(``bench/train_step_profile.py``, ``bench/decode_profile.py``; figures in the README), so the
-project turns it on wherever the user has not chosen: ``TF_ENABLE_ONEDNN_OPTS=0`` keeps Eigen.
+EPYC this project is measured on) Eigen runs the matmuls. There, oneDNN made training of the
+``small`` preset 1.09x faster (``bench/train.py``) and beam search about 1.15x faster
+(``bench/decode_profile.py``; figures in docs/RECIPE.md, "Throughput"), so the project turns it
+on wherever the user has not chosen: ``TF_ENABLE_ONEDNN_OPTS=0`` keeps Eigen.
 The exported SavedModel holds the same stock ops either way; oneDNN only changes which kernels
 run them in this process.
 """
