@@ -254,7 +254,7 @@ def _fit(model, dataset, warmup_steps, seconds):
     return meter.result()
 
 
-def _corpus(cfg, work: Path):
+def prepared_or_synthetic_corpus(cfg, work: Path):
     """(cfg pointing at the data, description); synthetic when no prepared corpus exists."""
     data_dir = Path(cfg.data.data_dir)
     if (data_dir / "train.tsv").exists() and (data_dir / "spm.model").exists():
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     from aiayn.pipeline.training.recipe import compile_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_train_"))
-    cfg, corpus = _corpus(load_config([args.preset]), work)
+    cfg, corpus = prepared_or_synthetic_corpus(load_config([args.preset]), work)
     keras.utils.set_random_seed(0)  # before the tokenizer: seeding destroys its TF resource
     tokenizer = SubwordTokenizer.from_file(Path(cfg.data.data_dir) / "spm.model")
     train_path = Path(cfg.data.data_dir) / "train.tsv"

@@ -3,9 +3,10 @@
 Builds and compiles the preset's model exactly as ``aiayn train`` does (the recipe's optimizer,
 loss and metrics, the resolved dtype policy and jit_compile, oneDNN as ``aiayn`` sets it), takes
 real batches of the project's tf.data pipeline (token budget, 2-D buckets) from
-``<data_dir>/train.tsv``, runs ``--warmup`` untimed steps (tracing every bucket shape in them),
-times ``--steps`` steps, then profiles the same steps again. Op time (summed over both
-threads) is reported by the part of the model it belongs to (``PARTS``), forward and backward.
+``<data_dir>/train.tsv`` (a synthetic corpus, said so, where ``make data vocab`` has not run),
+runs ``--warmup`` untimed steps (tracing every bucket shape in them), times ``--steps`` steps,
+then profiles the same steps again. Op time (summed over both threads) is reported by the part
+of the model it belongs to (``PARTS``), forward and backward.
 
     .venv/bin/python bench/train_step_profile.py [--preset small] [--steps 8] [--set K=V]
 
@@ -34,6 +35,7 @@ prepare_tensorflow()
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from decode_profile import trace_events  # noqa: E402
+from train import prepared_or_synthetic_corpus  # noqa: E402
 
 from aiayn.models.tokenizer import SubwordTokenizer  # noqa: E402
 from aiayn.pipeline.config import load_config  # noqa: E402
@@ -87,7 +89,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args(argv)
-    cfg = load_config([args.preset], args.overrides)
+    cfg, corpus = prepared_or_synthetic_corpus(load_config([args.preset], args.overrides),
+                                               Path(tempfile.mkdtemp(prefix="bench_step_")))
     policy = distribute.resolve_mixed_precision(cfg.train.mixed_precision)
     jit = distribute.resolve_jit_compile(cfg.train.jit_compile)
     keras.mixed_precision.set_global_policy(policy)
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
     tokens = sum(int(tf.reduce_sum(tf.cast(labels != tokenizer.pad_id, tf.int32)))
                  for _, labels in timed) / len(timed)
     print(f"{args.preset}: policy {policy}, jit_compile {jit}, oneDNN {onednn_setting()}; "
-          f"{len(timed)} steps of ~{tokens:.0f} real target tokens")
+          f"{len(timed)} steps of ~{tokens:.0f} real target tokens; corpus: {corpus}")
     print(f"{seconds:.3f} s per step (unprofiled); op time {total:.0f} ms per step")
     print(f"{'part':<26}{'direction':<10}{'ms/step':>9}{'share':>8}")
     for (part, direction), ms in by_part.most_common():
@@ -123,7 +126,8 @@ def main(argv=None) -> int:
     for (part, _), ms in by_part.items():
         shares[part] += ms / total
     result = {"s_per_step": round(seconds, 3), "op_ms_per_step": round(total, 1),
-              "onednn": onednn_setting(), "policy": policy, "jit_compile": jit}
+              "onednn": onednn_setting(), "policy": policy, "jit_compile": jit,
+              "synthetic_corpus": corpus.startswith("SYNTHETIC")}
     result.update({f"share_{part}": round(share, 3) for part, share in shares.most_common()})
     print(json.dumps(result))
     return 0
