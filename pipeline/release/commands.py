@@ -170,17 +170,18 @@ def _args_serve(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_translate(args: argparse.Namespace, cfg) -> None:
-    from aiayn.export.client import ServingClientError, connect
-
     texts = list(args.text) or [line.rstrip("\n") for line in sys.stdin]
     if args.explain:
         return _explain(args, cfg, texts)
-    ct2 = args.engine == "ctranslate2"
-    target = (_ct2_export_dir(args, cfg) if ct2 else
-              args.server or str(_export_dir(cfg, args.export)))
+    refused: tuple[type[Exception], ...] = ()  # what a server answers with (no server: none)
+    if args.engine == "ctranslate2":  # CTranslate2 only: TensorFlow is not loaded
+        target = _ct2_export_dir(args, cfg)
+    else:
+        from aiayn.export.client import ServingClientError
+
+        target, refused = args.server or str(_export_dir(cfg, args.export)), (ServingClientError,)
     try:
-        client = (_ct2_translator(target) if ct2 else
-                  connect(target, cfg.export.model_name, args.version))
+        client = _open_translator(args, cfg, target)
         results = []
         batch = cfg.export.max_batch_size
         for start in range(0, len(texts), batch):
@@ -188,7 +189,7 @@ def _cmd_translate(args: argparse.Namespace, cfg) -> None:
         unknown = [r.unknown_fraction for r in results]  # the n_best signature's output
         if not args.n_best and hasattr(client, "unknown_fractions"):  # a local export
             unknown = client.unknown_fractions(texts)
-    except ServingClientError as err:
+    except refused as err:
         raise UserInputError(f"the server refused the request: {err}") from None
     except FileNotFoundError as err:  # a directory without a SavedModel
         raise UserInputError(f"{err} Pass --export with a version directory such as "
@@ -393,7 +394,7 @@ def _args_export(p: argparse.ArgumentParser) -> None:
 def _ct2_export_dir(args: argparse.Namespace, cfg) -> Path:
     """The CTranslate2 version directory `translate --engine ctranslate2` uses."""
     from aiayn.export.ctranslate2 import CTranslate2Error, ct2_model_dir, resolve_ct2_export
-    from aiayn.pipeline.release.export_run import ct2_command
+    from aiayn.pipeline.release.command_lines import aiayn_command
 
     if args.server:
         raise UserInputError("--engine ctranslate2 translates in-process; drop --server.")
@@ -402,16 +403,21 @@ def _ct2_export_dir(args: argparse.Namespace, cfg) -> Path:
     if args.version is not None and not args.export:
         path = path / str(args.version)
     try:
-        return resolve_ct2_export(path, ct2_command(cfg, "export", args.quantization,
-                                                    ["--format", "ctranslate2"]))
+        return resolve_ct2_export(path, aiayn_command(cfg, "export", args.quantization,
+                                                      ["--format", "ctranslate2"]))
     except CTranslate2Error as err:
         raise UserInputError(str(err)) from None
 
 
-def _ct2_translator(path: Path):
-    from aiayn.export.ctranslate2 import CTranslate2Translator
+def _open_translator(args: argparse.Namespace, cfg, target: str | Path):
+    """The CTranslate2 translator, or the client of a local export or a server."""
+    if args.engine == "ctranslate2":
+        from aiayn.export.ctranslate2 import CTranslate2Translator
 
-    return CTranslate2Translator(path)
+        return CTranslate2Translator(target)
+    from aiayn.export.client import connect
+
+    return connect(target, cfg.export.model_name, args.version)
 
 
 COMMANDS: dict[str, tuple[str, Callable, Callable | None]] = {

@@ -26,6 +26,7 @@ from aiayn.export import saved_model as sm
 from aiayn.export.verify import VerificationError, verify_export
 from aiayn.pipeline.config import Config, config_text
 from aiayn.pipeline.errors import UserInputError
+from aiayn.pipeline.release.command_lines import aiayn_command
 from aiayn.pipeline.release.model_card import export_card_path, write_model_card
 from aiayn.pipeline.training.artifacts import RunFiles, load_trained_model
 
@@ -151,13 +152,6 @@ def export_run_ctranslate2(cfg: Config, weights: str | None = None, quantization
     except (ct2.CTranslate2Error, sm.ExportError) as err:
         raise UserInputError(str(err)) from err
     print(f"Exported {path}\nTranslate with it:\n  "
-          + ct2_command(cfg, "translate", quantization, ["--engine", "ctranslate2",
-                                                         "I love you."]))
+          + aiayn_command(cfg, "translate", quantization, ["--engine", "ctranslate2",
+                                                           "I love you."]))
     return path
-
-
-def ct2_command(cfg: Config, command: str, quantization: str, extra: list[str]) -> str:
-    """``aiayn <command> --preset ... <extra> [--quantization q]`` for messages (shell-quoted)."""
-    words = ["aiayn", command] + [w for p in cfg.preset.split("+") if p for w in ("--preset", p)]
-    words += extra + ([] if quantization == "none" else ["--quantization", quantization])
-    return " ".join(shlex.quote(w) for w in words)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -97,8 +99,6 @@ def test_the_featuriser_matches_the_in_graph_one(toy_config, toy_tokenizer, tmp_
 
 
 def test_without_ctranslate2_installed_the_error_says_how_to_install_it(monkeypatch):
-    import sys
-
     from aiayn.export import ctranslate2 as ct2
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
@@ -240,6 +240,25 @@ def test_cli_export_int8_and_translate_with_the_ctranslate2_engine(ct2_cfg, ct2_
 
     assert main(["export", "--preset", preset, "--quantization", "int8"]) == 2  # SavedModel
     assert "--format ctranslate2 only" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_ctranslate2_engine_translates_without_loading_tensorflow(ct2_cfg, ct2_export,
+                                                                       tmp_path):
+    from aiayn.export.ctranslate2 import CTranslate2Translator
+
+    preset = _preset_file(ct2_cfg, tmp_path)
+    script = ("import sys\n"
+              "from aiayn.pipeline.cli import main\n"
+              f"code = main(['translate', '--preset', {preset!r}, '--engine', 'ctranslate2', "
+              "'I love you.'])\n"
+              "print('tensorflow loaded' if 'tensorflow' in sys.modules else 'no tensorflow')\n"
+              "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    expected = CTranslate2Translator(ct2_export).translate(["I love you."])[0].text
+    assert done.stdout.splitlines() == [expected, "no tensorflow"]
 
 
 @pytest.mark.slow
