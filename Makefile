@@ -54,8 +54,8 @@ tfx: $(STAMP) system-deps ## TFX pipeline locally (ExampleGen..Trainer, BLEU eva
 	$(AIAYN) tfx-data $(ARGS)
 	bash pipeline/scripts/tfx_env.sh run python -m aiayn.pipeline.cli tfx-run $(ARGS)
 
-test: $(STAMP) ## Run the whole test suite (unit + slow integration tests).
-	$(PY) -m pytest -q tests
+test: $(STAMP) ## Run the whole test suite (unit + slow integration tests); lists the 30 slowest.
+	$(PY) -m pytest -q --durations=30 tests
 
 test-fast: $(STAMP) ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not slow" tests
