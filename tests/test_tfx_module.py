@@ -2,7 +2,8 @@
 
 run_fn gets an object carrying the FnArgs fields it reads, over TFRecord files laid out as
 ExampleGen writes them (``Split-train/data_tfrecord-00000-of-00001.gz``), and must leave the
-same verified serving SavedModel as `make train` in ``serving_model_dir``.
+same serving SavedModel as `make train` in ``serving_model_dir``, one that the verifier (what
+the pipeline's InfraCheck runs) accepts.
 """
 
 from __future__ import annotations

@@ -16,11 +16,13 @@ TFX's Trainer (GenericExecutor) calls :func:`run_fn` with an ``FnArgs``; what it
 Steps: the splits become ``train.tsv`` / ``dev.tsv`` (the prepared-data contract), the
 vocabulary is trained on the training split (:func:`aiayn.pipeline.data.vocab.train_vocab`), the
 model
-is trained with :func:`aiayn.pipeline.training.train.train`, and exported and verified with
+is trained with :func:`aiayn.pipeline.training.train.train`, and exported with
 :func:`aiayn.pipeline.release.export_run.export_run`: the same serving SavedModel as ``make train``
-(tokeniser and beam search in-graph, warmup requests, config and model card in
-``assets.extra/``). Nothing here imports TFX (tested without it); Keras is Keras 3 (``import
-keras``), even though TFX sets ``TF_USE_LEGACY_KERAS=1``.
+(tokeniser and beam search in-graph, warmup requests, sample translations, config and model card
+in ``assets.extra/``). The fresh-process verifier runs once per pipeline run, in the component
+whose job it is (``InfraCheck``, pipeline/tfx/infra.py), not here as well: a model that fails it
+is not blessed, so it is never pushed. Nothing here imports TFX (tested without it); Keras is
+Keras 3 (``import keras``), even though TFX sets ``TF_USE_LEGACY_KERAS=1``.
 
 Remote URIs (``gs://`` on Vertex AI) are read and written through ``tf.io.gfile``; training
 itself runs in a local working directory.
@@ -160,9 +162,8 @@ def run_fn(fn_args: Any) -> dict[str, Any]:
       ``serving_model_dir``.
 
     Raises:
-      UserInputError: empty splits, a bad ``custom_config``, or training that diverged.
-      aiayn.export.verify.VerificationError: the export failed verification (nothing written
-        to ``serving_model_dir``).
+      UserInputError: empty splits, a bad ``custom_config``, training that diverged, or an
+        export that failed (nothing written to ``serving_model_dir``).
     """
     from aiayn.pipeline.data import corpus, vocab
     from aiayn.pipeline.release.export_run import export_run
@@ -195,8 +196,10 @@ def run_fn(fn_args: Any) -> dict[str, Any]:
         vocab.train_vocab(cfg)  # on the training split only
         summary = train(cfg)
         with contextlib.redirect_stdout(io.StringIO()):  # its "serve it with" names scratch
-            version_dir = export_run(cfg, weights=summary.get("final_weights"), verify=True)
-        print(f"run_fn: exported and verified; writing {serving_model_dir}", flush=True)
+            # verify=False: InfraCheck, the next component, runs the same verifier on this model
+            # (and on its copy in Format-Serving, the one that gets pushed).
+            version_dir = export_run(cfg, weights=summary.get("final_weights"), verify=False)
+        print(f"run_fn: exported; writing {serving_model_dir}", flush=True)
         _copy_tree(Path(version_dir), serving_model_dir)
         if model_run_dir and _is_remote(model_run_dir):
             _copy_tree(local_run, model_run_dir)
