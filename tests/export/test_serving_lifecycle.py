@@ -47,7 +47,9 @@ def _state(port: int) -> list[tuple[str, str]]:
 
 # -- soak --------------------------------------------------------------------------------------
 CLIENTS = 64
-PER_CLIENT = 16
+# 512 requests: each kind of request, good and bad, on both versions; bench/serving.py soaks
+# longer.
+PER_CLIENT = 8
 
 
 def _bad_rest(port: int, k: int) -> int:
@@ -72,7 +74,7 @@ def _bad_grpc(client: Grpc, k: int) -> str:
 
 
 def test_soak_with_a_version_published_mid_run(exported, tmp_path, caplog, monkeypatch):
-    """64 clients x 16 requests, half good (REST and gRPC) and half bad; version 2 is published
+    """64 clients x 8 requests, half good (REST and gRPC) and half bad; version 2 is published
     after 1/8 of them. Version 2 loads and warms up meanwhile, and takes over while version 1
     has requests in flight (a hook holds the swap until the middle of the soak and until
     version 1 holds a request, so the swap happens mid-traffic on any machine)."""
