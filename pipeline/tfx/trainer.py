@@ -15,14 +15,15 @@ TFX's Trainer (GenericExecutor) calls :func:`run_fn` with an ``FnArgs``; what it
 
 Steps: the splits become ``train.tsv`` / ``dev.tsv`` (the prepared-data contract), the
 vocabulary is trained on the training split (:func:`aiayn.pipeline.data.vocab.train_vocab`), the
-model
-is trained with :func:`aiayn.pipeline.training.train.train`, and exported with
+model is trained with :func:`aiayn.pipeline.training.train.train`, and exported with
 :func:`aiayn.pipeline.release.export_run.export_run`: the same serving SavedModel as ``make train``
 (tokeniser and beam search in-graph, warmup requests, sample translations, config and model card
-in ``assets.extra/``). The fresh-process verifier runs once per pipeline run, in the component
-whose job it is (``InfraCheck``, pipeline/tfx/infra.py), not here as well: a model that fails it
-is not blessed, so it is never pushed. Nothing here imports TFX (tested without it); Keras is
-Keras 3 (``import keras``), even though TFX sets ``TF_USE_LEGACY_KERAS=1``.
+in ``assets.extra/``). The fresh-process verifier runs before the push in the component whose
+job it is (``InfraCheck``, pipeline/tfx/infra.py), not here as well: a model that fails it is not
+blessed, so it is never pushed (``aiayn tfx-run`` verifies the pushed copy once more).
+
+Nothing here imports TFX (tested without it); Keras is Keras 3 (``import keras``), even though
+TFX sets ``TF_USE_LEGACY_KERAS=1``.
 
 Remote URIs (``gs://`` on Vertex AI) are read and written through ``tf.io.gfile``; training
 itself runs in a local working directory.
@@ -196,8 +197,8 @@ def run_fn(fn_args: Any) -> dict[str, Any]:
         vocab.train_vocab(cfg)  # on the training split only
         summary = train(cfg)
         with contextlib.redirect_stdout(io.StringIO()):  # its "serve it with" names scratch
-            # verify=False: InfraCheck, the next component, runs the same verifier on this model
-            # (and on its copy in Format-Serving, the one that gets pushed).
+            # verify=False: InfraCheck, the next component, runs the same verifier on the copy
+            # in serving_model_dir, which is what the Pusher pushes.
             version_dir = export_run(cfg, weights=summary.get("final_weights"), verify=False)
         print(f"run_fn: exported; writing {serving_model_dir}", flush=True)
         _copy_tree(Path(version_dir), serving_model_dir)
