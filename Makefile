@@ -6,6 +6,10 @@ SET ?=
 PY := $(VENV)/bin/python
 AIAYN := $(VENV)/bin/aiayn
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test`: the suite is mostly fresh processes (TFX, servers,
+# training subprocesses) that leave a core idle; one file stays on one worker (--dist loadfile),
+# so a module's fixtures are built once.
+TEST_WORKERS ?= 2
 SETS := $(foreach s,$(SET),--set $(s))
 ARGS := --preset $(PRESET) $(SETS)
 
@@ -54,8 +58,8 @@ tfx: $(STAMP) system-deps ## TFX pipeline locally (ExampleGen..Trainer, BLEU eva
 	$(AIAYN) tfx-data $(ARGS)
 	bash pipeline/scripts/tfx_env.sh run python -m aiayn.pipeline.cli tfx-run $(ARGS)
 
-test: $(STAMP) ## Run the whole test suite (unit + slow integration tests); lists the 30 slowest.
-	$(PY) -m pytest -q --durations=30 tests
+test: $(STAMP) ## Run the whole test suite (unit + slow integration tests, TEST_WORKERS=2 processes); lists the 30 slowest.
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
 
 test-fast: $(STAMP) ## Run the fast unit tests only.
 	$(PY) -m pytest -q -m "not slow" tests
