@@ -200,6 +200,10 @@ class Translator(tf.Module):
         self.tokenizer = tokenizer
         self.options = options
         self.input_limit = _input_limit(model, options)
+        self._make_functions()
+
+    def _make_functions(self):
+        """(Re)creates the graph functions; they trace on their first call."""
         spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
         self.serve = tf.function(self._serve, input_signature=spec)
         self.serve_n_best = tf.function(self._serve_n_best, input_signature=spec)
@@ -280,7 +284,14 @@ class Translator(tf.Module):
                 "unknown_fraction": unknown}
 
     def translate(self, texts: Sequence[str], n_best: bool = False) -> dict[str, np.ndarray]:
-        """In-process translation through the very functions that get exported."""
+        """In-process translation through the very functions that get exported.
+
+        A seed set since the functions were traced (``keras.utils.set_random_seed``) deletes
+        the SentencePiece resource they captured; the tokenizer re-creates it, and the
+        functions are traced again, so such a seed cannot break a later translation.
+        """
+        if self.tokenizer.renew_if_lost():
+            self._make_functions()
         fn = self.serve_n_best if n_best else self.serve
         out = fn(tf.constant(list(texts), tf.string))
         return {k: v.numpy() for k, v in out.items()}

@@ -77,15 +77,15 @@ class SubwordTokenizer(tf.Module):
         return tf_text.SentencepieceTokenizer(
             model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False)
 
-    @property
-    def _op(self) -> tf_text.SentencepieceTokenizer:
-        """The tensorflow-text tokenizer, re-created if its resource was lost.
+    def renew_if_lost(self) -> bool:
+        """Re-creates the SentencePiece resource if it was lost; True when it was.
 
-        Its SentencePiece resource is owned by the op kernel that created it, and eager
+        The resource is owned by the op kernel that created it, and eager
         ``tf.random.set_seed`` (``keras.utils.set_random_seed``) clears the kernel cache, which
         deletes it ("Resource ... SentencepieceOp does not exist"). A one-op probe, run eagerly
-        (also while a tf.function or tf.data map is being traced), re-creates it then, so a
-        seed set after this tokenizer was built cannot break later calls.
+        (also while a tf.function or tf.data map is being traced), re-creates it, so a seed set
+        after this tokenizer was built cannot break later calls. A graph function traced
+        before holds the lost resource: when this returns True, trace it again.
         """
         with tf.init_scope():
             if tf.executing_eagerly():
@@ -93,6 +93,13 @@ class SubwordTokenizer(tf.Module):
                     self._sentencepiece.vocab_size()
                 except tf.errors.NotFoundError:
                     self._sentencepiece = self._new_op()
+                    return True
+        return False
+
+    @property
+    def _op(self) -> tf_text.SentencepieceTokenizer:
+        """The tensorflow-text tokenizer, its resource re-created if it was lost."""
+        self.renew_if_lost()
         return self._sentencepiece
 
     @classmethod

@@ -152,3 +152,29 @@ def test_serving_options_carry_the_stop_rule(toy_config):
     with pytest.raises(sm.ExportError, match=r"`stop_rule` must be one of current, bound; "
                                              r"got 'never'"):
         sm.ServingOptions(stop_rule="never")
+
+
+def test_a_seed_set_after_tracing_does_not_break_in_process_translation(trained_model,
+                                                                        toy_tokenizer,
+                                                                        export_cfg):
+    # keras.utils.set_random_seed clears TensorFlow's kernel cache, which deletes the
+    # SentencePiece resource the traced functions captured ("Resource ... does not exist").
+    import keras
+    import numpy as np
+
+    from aiayn.export.saved_model import ServingOptions, Translator
+
+    translator = Translator(trained_model, toy_tokenizer,
+                            ServingOptions.from_configs(export_cfg.decode, export_cfg.export))
+    before = translator.translate(SENTENCES)
+    n_best = translator.translate(SENTENCES, n_best=True)
+    keras.utils.set_random_seed(3)
+    after = translator.translate(SENTENCES)
+    assert after.keys() == before.keys()
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key])
+    keras.utils.set_random_seed(4)
+    again = translator.translate(SENTENCES, n_best=True)
+    for key in n_best:
+        np.testing.assert_array_equal(again[key], n_best[key])
+    assert not toy_tokenizer.renew_if_lost()  # nothing lost since the last call
