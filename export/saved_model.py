@@ -203,7 +203,9 @@ class Translator(tf.Module):
         self._make_functions()
 
     def _make_functions(self):
-        """(Re)creates the graph functions; they trace on their first call."""
+        """(Re)creates the graph functions; they trace on their first call, with the
+        tokenizer's SentencePiece resource of this generation."""
+        self._generation = self.tokenizer.resource_generation()
         spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
         self.serve = tf.function(self._serve, input_signature=spec)
         self.serve_n_best = tf.function(self._serve_n_best, input_signature=spec)
@@ -287,10 +289,11 @@ class Translator(tf.Module):
         """In-process translation through the very functions that get exported.
 
         A seed set since the functions were traced (``keras.utils.set_random_seed``) deletes
-        the SentencePiece resource they captured; the tokenizer re-creates it, and the
-        functions are traced again, so such a seed cannot break a later translation.
+        the SentencePiece resource they captured; the tokenizer re-creates it (here or in any
+        other of its callers), and the functions are traced again, so such a seed cannot
+        break a later translation.
         """
-        if self.tokenizer.renew_if_lost():
+        if self.tokenizer.resource_generation() != self._generation:
             self._make_functions()
         fn = self.serve_n_best if n_best else self.serve
         out = fn(tf.constant(list(texts), tf.string))

@@ -72,20 +72,23 @@ class SubwordTokenizer(tf.Module):
         # The op and its resource (holding `model_proto`) are tracked as a child, so
         # tf.saved_model.save carries the model inside the graph.
         self._sentencepiece = self._new_op()
+        self._generation = 0
 
     def _new_op(self) -> tf_text.SentencepieceTokenizer:
         return tf_text.SentencepieceTokenizer(
             model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False)
 
-    def renew_if_lost(self) -> bool:
-        """Re-creates the SentencePiece resource if it was lost; True when it was.
+    def resource_generation(self) -> int:
+        """Re-creates the SentencePiece resource if it was lost; returns its generation.
 
         The resource is owned by the op kernel that created it, and eager
         ``tf.random.set_seed`` (``keras.utils.set_random_seed``) clears the kernel cache, which
         deletes it ("Resource ... SentencepieceOp does not exist"). A one-op probe, run eagerly
         (also while a tf.function or tf.data map is being traced), re-creates it, so a seed set
-        after this tokenizer was built cannot break later calls. A graph function traced
-        before holds the lost resource: when this returns True, trace it again.
+        after this tokenizer was built cannot break later calls. The generation is 0 at
+        construction and grows by one each time the resource is re-created (by any caller): a
+        graph function traced at an earlier generation holds a deleted resource and must be
+        traced again.
         """
         with tf.init_scope():
             if tf.executing_eagerly():
@@ -93,13 +96,13 @@ class SubwordTokenizer(tf.Module):
                     self._sentencepiece.vocab_size()
                 except tf.errors.NotFoundError:
                     self._sentencepiece = self._new_op()
-                    return True
-        return False
+                    self._generation += 1
+        return self._generation
 
     @property
     def _op(self) -> tf_text.SentencepieceTokenizer:
         """The tensorflow-text tokenizer, its resource re-created if it was lost."""
-        self.renew_if_lost()
+        self.resource_generation()
         return self._sentencepiece
 
     @classmethod
