@@ -76,6 +76,10 @@ class DataConfig:
     # lengths are characters weighted by script (a Han character counts 3.5 Latin letters,
     # pipeline/data/languages.py), so real Chinese/Japanese/Korean-Latin pairs pass.
     max_length_ratio: float = 3.0
+    # More English versions of the training books (SWORD modules: engKJV2006eb, Debian
+    # sword-text-kjv), each paired with the same Spanish verses; dev and test stay the WEB's.
+    # Ignored unless data.corpus is "bible".
+    bible_extra_sources: tuple[str, ...] = ()
     # SentencePiece (joint source+target vocabulary). `char`: one piece per character.
     vocab_size: int = 8000
     vocab_model_type: str = "unigram"
@@ -227,6 +231,8 @@ _VALID_CHOICES = {
     ("data", "format"): ("auto", "tsv", "text", "tfrecord", "tfds"),
     ("data", "on_error"): ("error", "skip"),
     ("data", "vocab_model_type"): ("unigram", "bpe", "char", "word"),
+    # pipeline.data.bible.extract.EXTRA_SOURCE_MODULES (the SWORD modules Debian packages).
+    ("data", "bible_extra_sources"): ("engKJV2006eb",),
     # sacreBLEU tokenizers that need no download (not flores101/200, spm).
     ("train", "bleu_tokenize"): ("auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char",
                                  "none"),
@@ -644,6 +650,9 @@ def validate(cfg: Config) -> None:
             f"are data.source_lang={d.source_lang!r}, data.target_lang={d.target_lang!r}. Give "
             "your own corpus (e.g. --set data.corpus=my.tsv; README: Your own data), or set "
             "the languages back to en and es.")
+    if len(set(d.bible_extra_sources)) != len(d.bible_extra_sources):
+        raise ConfigError(f"`data.bible_extra_sources` names a module twice: "
+                          f"{list(d.bible_extra_sources)}. Name each once.")
     if d.corpus != "bible":
         if bool(d.dev_corpus) != bool(d.test_corpus):
             raise ConfigError(

@@ -95,6 +95,11 @@ def test_book_split_is_fixed():
     assert len(DEV_BOOKS) == 9 and len(TEST_BOOKS) == 5
 
 
+def test_kjv_pilcrow_is_not_a_word():
+    markup = '\u00b6 Ye shall not <w lemma="strong:H5254">tempt</w> the LORD.'
+    assert clean_osis(markup) == "Ye shall not tempt the LORD."
+
+
 # --- the aligner on constructed data -----------------------------------------------------------
 
 def _synthetic_books(seed=0, chapters=12, verses=15, vocab=300):
@@ -177,6 +182,41 @@ def test_align_books_report_counts_add_up():
     assert report["realigned_pairs"] == 14
     assert report["dropped_source_verses"] == 1
     json.dumps(report)  # JSON-ready
+
+
+def _imp(books, word):
+    """mod2imp-style text: ``$$$Book C:V`` entries of verses made of ``<word><i>`` words."""
+    lines = []
+    for book, verses in books.items():
+        for (c, v), ids in verses.items():
+            lines += [f"$$${book} {c}:{v}", " ".join(f"{word}{i}" for i in ids) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def test_extra_source_versions_join_train_only(monkeypatch):
+    """data.bible_extra_sources: each training book gets the extra version's pairs after the
+    main one's; dev and test stay the main version's; the report counts what was added."""
+    from aiayn.pipeline.data.bible import build
+
+    rng = random.Random(0)
+    names = ["Genesis", "Exodus", *DEV_BOOKS, *TEST_BOOKS]
+    books = {b: {(c, v): rng.sample(range(300), rng.randint(6, 12))
+                 for c in (1, 2, 3, 4) for v in range(1, 11)} for b in names}
+    texts = {build.SOURCE_MODULE: _imp(books, "e"), build.TARGET_MODULE: _imp(books, "s"),
+             "engKJV2006eb": _imp(books, "k")}
+    monkeypatch.setattr(build, "run_mod2imp", texts.__getitem__)
+    plain = build.build_bible_corpus()
+    both = build.build_bible_corpus(extra_sources=["engKJV2006eb"])
+    assert both.splits["dev"] == plain.splits["dev"] and both.splits["test"] == plain.splits["test"]
+    assert len(plain.splits["train"]) == 80 and len(both.splits["train"]) == 160
+    kinds = ["k" if s.startswith("k") else "e" for s, _ in both.splits["train"]]
+    assert kinds == ["e"] * 40 + ["k"] * 40 + ["e"] * 40 + ["k"] * 40  # Genesis, then Exodus
+    assert [t for s, t in both.splits["train"] if s.startswith("k")] == [
+        t for _, t in plain.splits["train"]]
+    report = both.extra_sources["engKJV2006eb"]
+    assert report["train_pairs"] == 80 and report["alignment"]["aligned_pairs"] == 40 * len(names)
+    assert "sword-text-kjv" in both.packages and "sword-text-kjv" not in plain.packages
+    assert plain.extra_sources == {}
 
 
 # --- the real thing ----------------------------------------------------------------------------

@@ -144,7 +144,9 @@ def _stamp(cfg) -> str:
     }
     if d.corpus == "bible":
         from aiayn.pipeline.data.bible.extract import package_versions
-        inputs["packages"] = package_versions()
+        inputs["packages"] = package_versions(d.bible_extra_sources)
+        if d.bible_extra_sources:
+            inputs["bible_extra_sources"] = list(d.bible_extra_sources)
     blob = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -223,7 +225,8 @@ def _bible_splits(cfg) -> tuple[dict[str, list[Pair]], dict[str, Drops], dict, d
     from aiayn.pipeline.data.bible.extract import SOURCE_MODULE, TARGET_MODULE
     from aiayn.pipeline.data.bible.split import DEV_BOOKS, TEST_BOOKS
 
-    corpus = build_bible_corpus(seed=cfg.data.seed)
+    extra = cfg.data.bible_extra_sources
+    corpus = build_bible_corpus(seed=cfg.data.seed, extra_sources=extra)
     drops = {s: Drops("skip") for s in SPLITS}  # our own data: checks drop and count
     splits = {}
     for split in SPLITS:
@@ -238,7 +241,9 @@ def _bible_splits(cfg) -> tuple[dict[str, list[Pair]], dict[str, Drops], dict, d
     source = {
         "corpus": "bible",
         "description": "World English Bible (engWEB2015eb) -> Reina-Valera 1909 (spaRV1909eb), "
-                       "verse pairs read with mod2imp, split by whole books",
+                       "verse pairs read with mod2imp, split by whole books"
+                       + (f"; the training books also from {', '.join(extra)} -> spaRV1909eb"
+                          if extra else ""),
         "source_module": SOURCE_MODULE,
         "target_module": TARGET_MODULE,
         "packages": corpus.packages,
@@ -247,6 +252,8 @@ def _bible_splits(cfg) -> tuple[dict[str, list[Pair]], dict[str, Drops], dict, d
         "cleanup": corpus.cleanup,
         "alignment": alignment,
     }
+    if extra:
+        source["extra_sources"] = corpus.extra_sources
     return splits, drops, source, corpus.alignment_report
 
 

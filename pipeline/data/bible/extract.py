@@ -14,15 +14,18 @@ import re
 import shutil
 import subprocess
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aiayn.pipeline.errors import UserInputError
 
 SOURCE_MODULE = "engWEB2015eb"
 TARGET_MODULE = "spaRV1909eb"
+# More English versions of the training books (`data.bible_extra_sources`), each paired with
+# the same Spanish verses: the King James Version (1769 text, keyed as RV1909 is).
+EXTRA_SOURCE_MODULES = ("engKJV2006eb",)
 # Debian package of each module, and of mod2imp.
 PACKAGES = {SOURCE_MODULE: "sword-text-web", TARGET_MODULE: "sword-text-sparv",
-            "mod2imp": "libsword-utils"}
+            "engKJV2006eb": "sword-text-kjv", "mod2imp": "libsword-utils"}
 APT_COMMAND = "apt-get install sword-text-web sword-text-sparv libsword-utils"
 
 Key = tuple[int, int]  # (chapter, verse)
@@ -51,10 +54,12 @@ def run_mod2imp(module: str) -> str:
     if proc.returncode != 0 or "$$$" not in text or not re.search(r"^\$\$\$.+ \d+:\d+$", text,
                                                                    re.M):
         package = PACKAGES.get(module, "?")
+        install = APT_COMMAND if module in (SOURCE_MODULE, TARGET_MODULE) else (
+            f"apt-get install {package}")
         raise UserInputError(
             f"`mod2imp {module}` printed no verses (exit status {proc.returncode}): the SWORD "
             f"module {module} (Debian package {package}) seems missing. Install it with: "
-            f"sudo {APT_COMMAND}")
+            f"sudo {install}  (or `make system-deps`)")
     return text
 
 
@@ -162,7 +167,8 @@ def clean_osis(markup: str) -> str:
     # Block tags and whitespace before punctuation leave no space ("word<l/> ," -> "word,").
     text = re.sub(r"[\x00\s]+(?=[,.;:!?)\]])", "", text)
     text = html.unescape(text.replace("\x00", " "))
-    return normalize_whitespace(text)
+    # The KJV marks paragraphs with a pilcrow in the text ("¶ Ye shall not ..."): not a word.
+    return normalize_whitespace(text.replace("\u00b6", " "))
 
 
 def normalize_whitespace(text: str) -> str:
@@ -257,13 +263,14 @@ _NT_BOOKS = {"Matthew", "Mark", "Luke", "John", "Acts", "Romans", "I Corinthians
              "Revelation of John"}
 
 
-def package_versions() -> dict[str, str]:
-    """Debian package versions of the modules and mod2imp.
+def package_versions(extra_sources: Sequence[str] = ()) -> dict[str, str]:
+    """Debian package versions of the two modules, the ``extra_sources`` modules and mod2imp.
 
     ``"not installed"`` where dpkg-query knows no such package, ``"unknown"`` where it can't run.
     """
+    modules = (SOURCE_MODULE, TARGET_MODULE, *extra_sources, "mod2imp")
     versions = {}
-    for package in sorted(set(PACKAGES.values())):
+    for package in sorted({PACKAGES[m] for m in modules}):
         try:
             proc = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
                                   capture_output=True, text=True, timeout=30)
