@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project uses, when missing (Debian 12 and 13 have them all):
 #   needed for the default corpus: sword-text-web (World English Bible), sword-text-sparv
-#     (Reina-Valera 1909), sword-text-kjv (King James Version: more English sources for the
-#     training books, data.bible_extra_sources), libsword-utils (mod2imp);
+#     (Reina-Valera 1909), libsword-utils (mod2imp);
 #   optional: fonts-wqy-zenhei, a font with Chinese, Japanese and Korean glyphs for the labels of
 #     attention plots (`aiayn translate --explain`; without it they are written as U+ codes).
 # As root it runs apt-get; otherwise it prints the command, and fails only for the corpus packages.
 set -euo pipefail
-NEEDED="sword-text-web sword-text-sparv sword-text-kjv libsword-utils"
+NEEDED="sword-text-web sword-text-sparv libsword-utils"
 OPTIONAL="fonts-wqy-zenhei"
 missing=""
 missing_needed=""
