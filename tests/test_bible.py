@@ -21,6 +21,7 @@ from aiayn.pipeline.data.bible.extract import (
 )
 from aiayn.pipeline.data.bible.lexicon import LexicalModel
 from aiayn.pipeline.data.bible.split import DEV_BOOKS, TEST_BOOKS, split_by_book, split_of_book
+from aiayn.pipeline.errors import UserInputError
 
 # --- OSIS clean-up -----------------------------------------------------------------------------
 
@@ -217,6 +218,24 @@ def test_extra_source_versions_join_train_only(monkeypatch):
     assert report["train_pairs"] == 80 and report["alignment"]["aligned_pairs"] == 40 * len(names)
     assert "sword-text-kjv" in both.packages and "sword-text-kjv" not in plain.packages
     assert plain.extra_sources == {}
+
+
+def test_extra_source_choices_are_the_known_modules():
+    from aiayn.pipeline import config
+    from aiayn.pipeline.data.bible.extract import EXTRA_SOURCE_MODULES, PACKAGES
+
+    assert config._VALID_CHOICES[("data", "bible_extra_sources")] == EXTRA_SOURCE_MODULES
+    assert all(m in PACKAGES for m in EXTRA_SOURCE_MODULES)
+
+
+def test_a_missing_extra_module_names_its_package(tmp_path, monkeypatch):
+    fake = tmp_path / "mod2imp"
+    fake.write_text("#!/bin/sh\necho \"Couldn't find module: $1\"\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with pytest.raises(UserInputError, match=r"engKJV2006eb \(Debian package sword-text-kjv\) "
+                       r"seems missing\. Install it with: sudo apt-get install sword-text-kjv"):
+        run_mod2imp("engKJV2006eb")
 
 
 # --- the real thing ----------------------------------------------------------------------------
