@@ -79,6 +79,27 @@ def tiny_run(toy_config, spm_model_path, tmp_path_factory):
     return cfg, summary
 
 
+def test_training_gives_back_the_callers_global_dtype_policy(toy_config, spm_model_path,
+                                                            tmp_path):
+    """Training sets the global policy (mixed_bfloat16 on a CPU with bf16 units); a model the
+    caller builds afterwards must not inherit it (it did, and broke later float32 checks)."""
+    cfg = load_config(["tiny"], [f"data.data_dir={toy_config.data.data_dir}",
+                                 "data.vocab_size=200", f"train.run_dir={tmp_path / 'run'}",
+                                 "train.steps=2", "train.steps_per_epoch=2",
+                                 "train.checkpoint_every=2", "train.eval_every=0",
+                                 "train.dev_loss_every=0", "train.mixed_precision=mixed_bfloat16"])
+    seen = []
+
+    class Policy(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(keras.mixed_precision.global_policy().name)
+
+    assert keras.mixed_precision.global_policy().name == "float32"
+    summary = train_lib.train(cfg, extra_callbacks=[Policy()])
+    assert summary["mixed_precision"] == "mixed_bfloat16" and seen == ["mixed_bfloat16"] * 2
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+
 def test_tiny_run_trains_and_writes_the_run_directory(tiny_run):
     cfg, summary = tiny_run
     run_dir = tiny_run[0].train.run_dir

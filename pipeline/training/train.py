@@ -399,7 +399,20 @@ def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
             return finished
         if distribute.is_chief():
             _remove_run_leftovers(files)
-        return _train_locked(cfg, extra_callbacks, stream)
+        with _global_policy_kept():
+            return _train_locked(cfg, extra_callbacks, stream)
+
+
+@contextlib.contextmanager
+def _global_policy_kept():
+    """Training sets Keras's global dtype policy (``train.mixed_precision``); the caller's comes
+    back afterwards, so that models built later in the process (a notebook's, a test's) are not
+    silently ``mixed_bfloat16`` because a CPU has bf16 units."""
+    previous = keras.mixed_precision.global_policy()
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 @contextlib.contextmanager
