@@ -49,6 +49,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up to the paper's peak rate, then a linear decay to zero at the budget's end.
 
+    Between the two, the rate holds at the peak (``hold="constant"``, a trapezoid) or follows the
+    paper's inverse square root (``hold="rsqrt"``: §5.3's schedule with a cool-down at the end).
+
     For a run that ends at a budget (a step count, a time limit, or both), the rate reaches
     zero exactly when the run stops, instead of the inverse square root's ``sqrt(warmup/step)``
     of the peak (about half of it at 4 x the warm-up). ``progress`` is the share of the budget
@@ -58,7 +61,9 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
         peak   = scale * d_model^-0.5 * warmup_steps^-0.5     (the §5.3 schedule's maximum)
         warmup = max(step / warmup_steps, progress / warmup_fraction)
-        lr     = peak * min(warmup, 1, (1 - progress) / decay_fraction)
+        decay  = (1 - progress) / decay_fraction
+        lr     = peak * min(warmup, 1, decay)                                 (hold="constant")
+        lr     = peak * min(warmup, sqrt(warmup_steps / step)) * min(1, decay)  (hold="rsqrt")
 
     The warm-up ends after ``warmup_steps`` steps or ``warmup_fraction`` of the budget,
     whichever comes first (0: steps only), so that on a slow machine, where a time budget buys
@@ -73,14 +78,17 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
       scale: multiplies the rate (as in :class:`TransformerSchedule`).
       decay_fraction: in (0, 1].
       warmup_fraction: in [0, 1); 0 = the warm-up is counted in steps only.
+      hold: ``constant`` or ``rsqrt``: the rate between the warm-up and the decay.
 
     Raises:
-      ValueError: non-positive sizes, ``decay_fraction`` outside (0, 1] or
-        ``warmup_fraction`` outside [0, 1).
+      ValueError: non-positive sizes, ``decay_fraction`` outside (0, 1],
+        ``warmup_fraction`` outside [0, 1) or an unknown ``hold``.
     """
 
+    HOLDS = ("constant", "rsqrt")
+
     def __init__(self, hidden_dim, warmup_steps, total_steps, scale=1.0, decay_fraction=1.0,
-                 warmup_fraction=0.0):
+                 warmup_fraction=0.0, hold="constant"):
         if hidden_dim < 1 or warmup_steps < 1 or total_steps < 1:
             raise ValueError(
                 "`hidden_dim`, `warmup_steps` and `total_steps` must be positive. Received: "
@@ -91,12 +99,15 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(
                 f"`warmup_fraction` must be in [0, 1). Received: {warmup_fraction}.")
+        if hold not in self.HOLDS:
+            raise ValueError(f"`hold` must be one of {self.HOLDS}. Received: {hold!r}.")
         self.hidden_dim = hidden_dim
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
         self.scale = scale
         self.decay_fraction = decay_fraction
         self.warmup_fraction = warmup_fraction
+        self.hold = hold
         self.time_progress = keras.Variable(0.0, trainable=False, dtype="float32",
                                             name="time_progress")
 
@@ -111,10 +122,14 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         warmup = step / float(self.warmup_steps)
         if self.warmup_fraction:
             warmup = ops.maximum(warmup, progress / self.warmup_fraction)
-        rate = ops.minimum(warmup, (1.0 - ops.minimum(progress, 1.0)) / self.decay_fraction)
-        return self.peak * ops.minimum(rate, 1.0)
+        decay = (1.0 - ops.minimum(progress, 1.0)) / self.decay_fraction
+        if self.hold == "rsqrt":  # §5.3's rate, scaled down over the decay
+            rate = ops.minimum(warmup, ops.rsqrt(step / float(self.warmup_steps)))
+            return self.peak * rate * ops.minimum(decay, 1.0)
+        return self.peak * ops.minimum(ops.minimum(warmup, decay), 1.0)
 
     def get_config(self):
         return {"hidden_dim": self.hidden_dim, "warmup_steps": self.warmup_steps,
                 "total_steps": self.total_steps, "scale": self.scale,
-                "decay_fraction": self.decay_fraction, "warmup_fraction": self.warmup_fraction}
+                "decay_fraction": self.decay_fraction, "warmup_fraction": self.warmup_fraction,
+                "hold": self.hold}

@@ -125,9 +125,11 @@ class TrainConfig:
     learning_rate_scale: float = 1.0
     # rsqrt: the paper's inverse square root (models.schedule.TransformerSchedule); budget:
     # the same warm-up, then a linear decay to zero where the run stops (train.steps or
-    # train.max_minutes, whichever ends it first; models.schedule.BudgetSchedule).
+    # train.max_minutes, whichever ends it first; models.schedule.BudgetSchedule);
+    # rsqrt_cooldown: the inverse square root, then that decay over the last decay_fraction.
     lr_schedule: str = "rsqrt"
-    decay_fraction: float = 1.0  # budget: the final share of the run over which lr falls to 0
+    # budget, rsqrt_cooldown: the final share of the run over which lr falls to 0.
+    decay_fraction: float = 1.0
     # budget: the warm-up also ends after this share of the run (0 = warmup_steps only).
     warmup_fraction: float = 0.0
     beta_1: float = 0.9
@@ -236,7 +238,7 @@ _VALID_CHOICES = {
     # sacreBLEU tokenizers that need no download (not flores101/200, spm).
     ("train", "bleu_tokenize"): ("auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char",
                                  "none"),
-    ("train", "lr_schedule"): ("rsqrt", "budget"),
+    ("train", "lr_schedule"): ("rsqrt", "budget", "rsqrt_cooldown"),
     ("train", "jit_compile"): ("auto", "true", "false"),
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),

@@ -47,13 +47,15 @@ class AccumulatedSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_schedule(cfg: Config):
-    """``train.lr_schedule``: §5.3's (``rsqrt``) or linear decay to zero at the budget
-    (``budget``), with ``train.learning_rate_scale``, accumulation-aware."""
+    """``train.lr_schedule``: §5.3's (``rsqrt``), a linear decay to zero at the budget
+    (``budget``), or §5.3's with that decay over the budget's last ``train.decay_fraction``
+    (``rsqrt_cooldown``); with ``train.learning_rate_scale``, accumulation-aware."""
     t = cfg.train
-    if t.lr_schedule == "budget":
+    if t.lr_schedule in ("budget", "rsqrt_cooldown"):
         schedule = BudgetSchedule(cfg.model.hidden_dim, t.warmup_steps, t.steps,
                                   scale=t.learning_rate_scale, decay_fraction=t.decay_fraction,
-                                  warmup_fraction=t.warmup_fraction)
+                                  warmup_fraction=t.warmup_fraction,
+                                  hold="constant" if t.lr_schedule == "budget" else "rsqrt")
     else:
         schedule = TransformerSchedule(cfg.model.hidden_dim, t.warmup_steps,
                                        scale=t.learning_rate_scale)

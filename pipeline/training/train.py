@@ -255,9 +255,9 @@ class _Session:
             return None
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
             raise UserInputError(
-                "train.lr_schedule=budget with train.max_minutes cannot run on several workers "
-                "(each worker's clock would give its replicas a different learning rate). Set "
-                "train.max_minutes=0 and end the run by train.steps, or use "
+                f"train.lr_schedule={t.lr_schedule} with train.max_minutes cannot run on several "
+                "workers (each worker's clock would give its replicas a different learning "
+                "rate). Set train.max_minutes=0 and end the run by train.steps, or use "
                 "train.lr_schedule=rsqrt.")
         return cb.BudgetProgress(variable, t.max_minutes, self.clock)
 

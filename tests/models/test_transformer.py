@@ -199,6 +199,26 @@ def test_budget_schedule_warms_up_then_falls_linearly_to_zero_at_the_budget():
             BudgetSchedule(**{"hidden_dim": 256, "warmup_steps": 10, "total_steps": 100, **bad})
 
 
+def test_rsqrt_cooldown_is_the_paper_schedule_until_the_decay_then_falls_to_zero():
+    paper = TransformerSchedule(256, warmup_steps=500, scale=0.6)
+    cooled = BudgetSchedule(256, warmup_steps=500, total_steps=20000, scale=0.6,
+                            decay_fraction=0.25, hold="rsqrt")
+    # Before the last quarter of the budget: §5.3's rate, warm-up and inverse square root.
+    for iteration, share in ((0, 0.0), (249, 0.01), (499, 0.05), (1999, 0.5), (5999, 0.75)):
+        cooled.time_progress.assign(share)
+        np.testing.assert_allclose(float(cooled(iteration)), float(paper(iteration)), rtol=1e-5)
+    # In it: the paper's rate times the share of the decay left, zero at the end.
+    for share, left in ((0.8, 0.8), (0.9, 0.4), (1.0, 0.0), (1.2, 0.0)):
+        cooled.time_progress.assign(share)
+        np.testing.assert_allclose(float(cooled(5999)), float(paper(5999)) * left, rtol=1e-5,
+                                   atol=1e-12)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(cooled))
+    assert restored.get_config() == cooled.get_config()
+    assert restored.get_config()["hold"] == "rsqrt"
+    with pytest.raises(ValueError, match="`hold` must be one of"):
+        BudgetSchedule(256, warmup_steps=10, total_steps=100, hold="cosine")
+
+
 def test_one_training_step_under_jit_compile():
     model = make_model()
     features = make_batch()
