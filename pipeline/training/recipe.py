@@ -46,16 +46,20 @@ class AccumulatedSchedule(keras.optimizers.schedules.LearningRateSchedule):
                    config["accumulation_steps"])
 
 
+# The schedules that end at the budget, and what the rate does before their decay.
+_BUDGET_HOLDS = {"budget": "constant", "rsqrt_cooldown": "rsqrt"}
+
+
 def make_schedule(cfg: Config):
     """``train.lr_schedule``: §5.3's (``rsqrt``), a linear decay to zero at the budget
     (``budget``), or §5.3's with that decay over the budget's last ``train.decay_fraction``
     (``rsqrt_cooldown``); with ``train.learning_rate_scale``, accumulation-aware."""
     t = cfg.train
-    if t.lr_schedule in ("budget", "rsqrt_cooldown"):
+    if t.lr_schedule in _BUDGET_HOLDS:
         schedule = BudgetSchedule(cfg.model.hidden_dim, t.warmup_steps, t.steps,
                                   scale=t.learning_rate_scale, decay_fraction=t.decay_fraction,
                                   warmup_fraction=t.warmup_fraction,
-                                  hold="constant" if t.lr_schedule == "budget" else "rsqrt")
+                                  hold=_BUDGET_HOLDS[t.lr_schedule])
     else:
         schedule = TransformerSchedule(cfg.model.hidden_dim, t.warmup_steps,
                                        scale=t.learning_rate_scale)
