@@ -73,10 +73,15 @@ class SubwordTokenizer(tf.Module):
         # tf.saved_model.save carries the model inside the graph.
         self._sentencepiece = self._new_op()
         self._generation = 0
+        # Sampling ops (training's subword regularisation), made on first use. Held in a plain
+        # object, which tf.Module does not track: a SavedModel never samples, so it carries
+        # only the op above.
+        self._samplers = _Samplers()
 
-    def _new_op(self) -> tf_text.SentencepieceTokenizer:
+    def _new_op(self, nbest_size: int = 0, alpha: float = 1.0) -> tf_text.SentencepieceTokenizer:
         return tf_text.SentencepieceTokenizer(
-            model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False)
+            model=self.model_proto, out_type=tf.int32, nbest_size=nbest_size, alpha=alpha,
+            add_bos=False, add_eos=False)
 
     def resource_generation(self) -> int:
         """Re-creates the SentencePiece resource if it was lost; returns its generation.
@@ -96,6 +101,7 @@ class SubwordTokenizer(tf.Module):
                     self._sentencepiece.vocab_size()
                 except tf.errors.NotFoundError:
                     self._sentencepiece = self._new_op()
+                    self._samplers.ops.clear()  # lost with it (the same kernel cache)
                     self._generation += 1
         return self._generation
 
@@ -127,7 +133,8 @@ class SubwordTokenizer(tf.Module):
         with tf.io.gfile.GFile(path, "rb") as f:
             return cls(f.read())
 
-    def tokenize(self, strings: tf.Tensor) -> tf.RaggedTensor:
+    def tokenize(self, strings: tf.Tensor, alpha: float = 0.0,
+                 nbest_size: int = -1) -> tf.RaggedTensor:
         """Splits strings into subword ids; no BOS or EOS is added.
 
         The model's own normaliser (NFKC-based ``nmt_nfkc``) runs in-graph first, so text
@@ -135,15 +142,38 @@ class SubwordTokenizer(tf.Module):
 
         Args:
           strings: `tf.string` of shape `(batch_size,)` (a Python list of str works too).
+          alpha: 0 (the default, and the only value outside training): the one most likely
+            segmentation. Above 0: a segmentation *sampled* anew at each call, subword
+            regularisation (Kudo, 2018): for a unigram model the inverse temperature of the
+            sampling (smaller is more varied), for a BPE model the probability of dropping a
+            merge (BPE-dropout, Provilkov et al., 2020). The ids decode to the same text.
+          nbest_size: with `alpha` > 0, sample from the `nbest_size` best segmentations, or from
+            all of them (-1, forward-filtering backward-sampling: as cheap as one Viterbi pass).
 
         Returns:
           `tf.RaggedTensor` int32 of shape `(batch_size, (num_tokens))`.
 
         Raises:
           tf.errors.InvalidArgumentError: an input is not a string tensor.
+          ValueError: `alpha` < 0, or `nbest_size` is 0 or 1 with `alpha` > 0 (no sampling).
         """
         strings = tf.convert_to_tensor(strings, dtype=tf.string)
-        return self._op.tokenize(strings)
+        if alpha == 0:
+            return self._op.tokenize(strings)
+        return self._sampler(float(alpha), int(nbest_size)).tokenize(strings)
+
+    def _sampler(self, alpha: float, nbest_size: int) -> tf_text.SentencepieceTokenizer:
+        if alpha < 0 or nbest_size in (0, 1):
+            raise ValueError(
+                "Subword sampling needs `alpha` > 0 and `nbest_size` of -1 (all segmentations) "
+                f"or >= 2. Received: alpha={alpha}, nbest_size={nbest_size}. Fix: alpha=0 "
+                "tokenises without sampling.")
+        self.resource_generation()  # clears the samplers if the kernel cache was cleared
+        key = (alpha, nbest_size)
+        if key not in self._samplers.ops:
+            with tf.init_scope():
+                self._samplers.ops[key] = self._new_op(nbest_size, alpha)
+        return self._samplers.ops[key]
 
     def detokenize(self, ids: IdsLike) -> tf.Tensor:
         """Turns ids back into text.
@@ -271,6 +301,14 @@ class SubwordTokenizer(tf.Module):
         total = visible_chars(strings)  # (batch,)
         fraction = tf.cast(unknown, tf.float32) / tf.cast(tf.maximum(total, 1), tf.float32)
         return tf.where(total > 0, tf.minimum(fraction, 1.0), 0.0)
+
+
+class _Samplers:
+    """A plain holder of :class:`SubwordTokenizer`'s sampling ops, keyed by ``(alpha,
+    nbest_size)``; not a dict attribute, which tf.Module would track into a SavedModel."""
+
+    def __init__(self):
+        self.ops: dict[tuple[float, int], tf_text.SentencepieceTokenizer] = {}
 
 
 class SourceFeatures(NamedTuple):

@@ -87,6 +87,13 @@ class DataConfig:
     # sets; the rarest characters become <unk>), else 1.0 (every character gets a piece).
     character_coverage: float = 0.0
     vocab_sample_size: int = 2_000_000
+    # Subword regularisation of the training batches (Kudo, 2018; BPE-dropout for a bpe
+    # vocabulary): each epoch segments every pair anew, sampled with inverse temperature
+    # `subword_alpha` (0 = off: the one best segmentation, as dev, test and the export always
+    # use) from its `subword_nbest` best segmentations (-1 = all). The length filter then sees
+    # each epoch's sampled lengths; the counts the run reports are of the best segmentation.
+    subword_alpha: float = 0.0
+    subword_nbest: int = -1
     # tf.data
     max_length: int = 128
     token_budget: int = 4096
@@ -314,6 +321,8 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("data", "vocab_size"): _Bound(5),  # the 4 special pieces and at least one more
     ("data", "character_coverage"): _Bound(0.98, 1.0, zero="by language"),  # SentencePiece's
     ("data", "vocab_sample_size"): _Bound(0, zero="every sentence"),
+    ("data", "subword_alpha"): _Bound(0.0, zero="no sampling"),
+    ("data", "subword_nbest"): _Bound(-1),  # -1 = all; 0 and 1 (no sampling): validate()
     ("data", "max_length"): _Bound(2),  # BOS + one target token
     ("data", "token_budget"): _AT_LEAST_1,
     ("data", "bucket_boundaries"): _AT_LEAST_1,  # each boundary
@@ -636,6 +645,11 @@ def validate(cfg: Config) -> None:
             f"`data.token_budget` ({d.token_budget}) must be at least `data.max_length` "
             f"({d.max_length}) so that the longest pair fits in a batch."
         )
+    if d.subword_alpha > 0 and d.subword_nbest in (0, 1):
+        raise ConfigError(
+            f"`data.subword_nbest` is {d.subword_nbest}, which samples nothing: use -1 (every "
+            "segmentation) or a count >= 2 with `data.subword_alpha` > 0, or set "
+            "`data.subword_alpha=0` to turn subword sampling off.")
     bounds = d.bucket_boundaries
     if list(bounds) != sorted(set(bounds)):
         raise ConfigError(

@@ -133,6 +133,9 @@ BAD_VALUES = [
     ("data.vocab_sample_size=-1", "data.vocab_sample_size", "-1",
      "an integer >= 0 (0 = every sentence)"),
     ("decode.max_extra_length=-1", "decode.max_extra_length", "-1", "an integer >= 0"),
+    ("data.subword_alpha=-0.1", "data.subword_alpha", "-0.1",
+     "a finite number >= 0 (0 = no sampling)"),
+    ("data.subword_nbest=-2", "data.subword_nbest", "-2", "an integer >= -1"),
     ("export.version=-1", "export.version", "-1", "an integer in [0, 9223372036854775807] "
                                                    "(0 = the next version)"),
     ("train.max_minutes=-5", "train.max_minutes", "-5",
@@ -218,6 +221,8 @@ def test_yaml_values_are_checked_like_overrides(tmp_path):
     (["data.token_budget=16"], r"`data.token_budget` \(16\) must be at least `data.max_length` "
                                r"\(32\)"),
     (["data.corpus="], r"`data.corpus` must not be empty"),
+    (["data.subword_alpha=0.3", "data.subword_nbest=1"],
+     r"`data.subword_nbest` is 1, which samples nothing: use -1.*`data.subword_alpha=0`"),
     (["data.data_dir= "], r"`data.data_dir` must not be empty"),
     (["data.source_lang=e n"], r"`data.source_lang` must be a language code.*got 'e n'"),
     # the default corpus is English->Spanish: other languages need the user's own corpus
@@ -253,6 +258,8 @@ def test_settings_that_relate_fields_are_checked_at_load(overrides, message):
     ["data.corpus=c.tsv", "data.dev_corpus=d.tsv", "data.test_corpus=t.tsv",
      "data.heldout_size=0"],              # unused when dev and test are given
     ["data.heldout_size=0"],              # ignored for the bible corpus
+    ["data.subword_nbest=1"],             # no sampling either way (subword_alpha is 0)
+    ["data.subword_alpha=0.3", "data.subword_nbest=-1"],
     ["train.steps=1e3", "data.vocab_size=2_000"],
     ["data.bucket_boundaries=4,8,16", "data.shuffle_buffer=1", "data.seed=0"],
 ])

@@ -114,6 +114,36 @@ def test_same_seed_same_order_other_seed_other_order(corpus, toy_tokenizer, toy_
     assert first != run(8)
 
 
+def test_subword_sampling_resegments_the_same_pairs(corpus, toy_tokenizer, toy_config):
+    # data.subword_alpha > 0: every batch still decodes to pairs of the corpus, with BOS/EOS and
+    # the shift by one, but the pieces are drawn anew, so the ids differ from the best
+    # segmentation's (same seed: same line order).
+    tok = toy_tokenizer
+
+    def normalised(texts):  # the model's NFKC normaliser, as decoded text
+        return [t.decode() for t in tok.detokenize(tok.tokenize(list(texts))).numpy()]
+
+    pairs = set(zip(normalised(s for s, _ in corpus[1]), normalised(t for _, t in corpus[1])))
+    sampled = dataclasses.replace(toy_config.data, subword_alpha=0.1)
+    batches = _take(make_train_dataset(corpus[0], tok, sampled, seed=7), 12)
+    best = _take(make_train_dataset(corpus[0], tok, toy_config.data, seed=7), 12)
+    assert _signature(batches) != _signature(best)
+    decoded = 0
+    for features, labels in batches:
+        enc_mask, dec_mask = features["encoder_padding_mask"], features["decoder_padding_mask"]
+        sources = tok.detokenize(tf.ragged.boolean_mask(features["encoder_token_ids"], enc_mask))
+        lengths = dec_mask.sum(axis=1)
+        targets = tok.detokenize(tf.ragged.boolean_mask(labels, labels != tok.eos_id))
+        for s, t, row, n in zip(sources.numpy(), targets.numpy(), range(len(lengths)), lengths):
+            assert (s.decode(), t.decode()) in pairs
+            assert features["decoder_token_ids"][row, 0] == tok.bos_id
+            assert labels[row, n - 1] == tok.eos_id
+            np.testing.assert_array_equal(features["decoder_token_ids"][row, 1:n],
+                                          labels[row, :n - 1])
+            decoded += 1
+    assert decoded > 12
+
+
 def test_train_epochs_cover_the_corpus(corpus, toy_tokenizer, toy_config):
     # Every pair that passes the length filter shows up (rare buckets fill after a few epochs);
     # longer ones never do.

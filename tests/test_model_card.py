@@ -166,3 +166,22 @@ def test_card_names_the_learning_rate_schedule(run_cfg, schedule, expected):
         run_cfg.train, lr_schedule=schedule, warmup_steps=7, warmup_fraction=0.1,
         decay_fraction=0.3))
     assert expected in write_model_card(cfg)
+
+
+@pytest.mark.parametrize("alpha, nbest, expected", [
+    (0.0, -1, None),
+    (0.3, -1, "; subword regularisation: each training pair segmented anew at each epoch, "
+              "sampled with alpha 0.3 among all segmentations (evaluation and the export use "
+              "the one best)."),
+    (0.1, 64, "sampled with alpha 0.1 among the 64 best segmentations"),
+])
+def test_card_says_whether_training_sampled_subwords(run_cfg, alpha, nbest, expected):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(
+        run_cfg.data, subword_alpha=alpha, subword_nbest=nbest))
+    card = write_model_card(cfg)
+    if expected is None:
+        assert "subword regularisation" not in card and "sampled with" not in card
+    else:
+        assert expected in card

@@ -204,3 +204,51 @@ def test_seeding_after_construction_does_not_break_the_tokenizer(spm_model_path)
         lambda s: tok.tokenize(s).to_tensor())
     assert [row.tolist() for batch in ds.as_numpy_iterator() for row in batch] == before
     assert tok.detokenize(tf.ragged.constant(before)).numpy().tolist() == [b"In the beginning"]
+
+
+SAMPLED = "In the beginning God created the heavens and the earth."
+
+
+def test_sampling_varies_the_segmentation_and_keeps_the_text(toy_tokenizer):
+    best = toy_tokenizer.tokenize([SAMPLED]).to_list()[0]
+    assert toy_tokenizer.tokenize([SAMPLED], alpha=0.0).to_list()[0] == best  # 0 = no sampling
+    draws = [toy_tokenizer.tokenize([SAMPLED], alpha=0.1).to_list()[0] for _ in range(20)]
+    assert len({tuple(d) for d in draws}) > 1           # segmented anew at each call
+    assert any(d != best for d in draws)
+    for ids in draws + [toy_tokenizer.tokenize([SAMPLED], alpha=0.1, nbest_size=4).to_list()[0]]:
+        assert _texts(toy_tokenizer.detokenize(tf.ragged.constant([ids]))) == [SAMPLED]
+
+
+@pytest.mark.parametrize("alpha, nbest_size", [(-0.1, -1), (0.2, 0), (0.2, 1)])
+def test_sampling_rejects_settings_that_do_not_sample(toy_tokenizer, alpha, nbest_size):
+    with pytest.raises(ValueError, match=f"alpha={alpha}, nbest_size={nbest_size}"):
+        toy_tokenizer.tokenize([SAMPLED], alpha=alpha, nbest_size=nbest_size)
+
+
+def test_sampling_ops_stay_out_of_a_saved_model(spm_model_path, tmp_path):
+    # Only training samples: the export must carry the one SentencePiece op, not a copy of the
+    # model proto per sampling setting.
+    def saved_graph(tokenizer, name):
+        tf.saved_model.save(tokenizer, str(tmp_path / name))
+        return (tmp_path / name / "saved_model.pb").read_bytes()
+
+    plain = saved_graph(SubwordTokenizer.from_file(spm_model_path), "plain")
+    tok = SubwordTokenizer.from_file(spm_model_path)
+    tok.tokenize([SAMPLED], alpha=0.1)
+    tok.tokenize([SAMPLED], alpha=0.5, nbest_size=8)
+    assert list(tok._trackable_children()) == ["_sentencepiece"]
+    sampled = saved_graph(tok, "sampled")
+    assert plain.count(b"SentencepieceOp") == sampled.count(b"SentencepieceOp") >= 1
+    assert len(sampled) == len(plain)
+
+
+def test_sampling_survives_seeding_after_construction(spm_model_path):
+    import keras
+
+    tok = SubwordTokenizer.from_file(spm_model_path)
+    tok.tokenize([SAMPLED], alpha=0.1)
+    keras.utils.set_random_seed(9)  # clears the kernel cache: both ops' resources are lost
+    ds = tf.data.Dataset.from_tensor_slices([SAMPLED]).batch(1).map(
+        lambda s: tok.tokenize(s, alpha=0.1).to_tensor())
+    ids = [row[row > 0].tolist() for batch in ds.as_numpy_iterator() for row in batch]
+    assert _texts(tok.detokenize(tf.ragged.constant(ids))) == [SAMPLED]

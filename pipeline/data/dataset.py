@@ -99,7 +99,8 @@ def effective_boundaries(bucket_boundaries: Sequence[int], max_length: int) -> t
     return tuple(kept) + (int(max_length),)
 
 
-def featurize_pairs(tokenizer: SubwordTokenizer) -> Transformation:
+def featurize_pairs(tokenizer: SubwordTokenizer, alpha: float = 0.0,
+                    nbest_size: int = -1) -> Transformation:
     """Training's featuriser: TSV lines -> unpadded examples (over-long pairs are kept here and
     dropped by :func:`filter_by_length`).
 
@@ -108,6 +109,9 @@ def featurize_pairs(tokenizer: SubwordTokenizer) -> Transformation:
 
     Args:
       tokenizer: the :class:`SubwordTokenizer` (special ids are read from it).
+      alpha, nbest_size: subword regularisation of both sides (``data.subword_alpha``,
+        ``data.subword_nbest``: :meth:`SubwordTokenizer.tokenize`); alpha 0, the default and
+        the only value outside training, is the one segmentation evaluation and the export use.
 
     Returns:
       A transformation for `dataset.apply` from a dataset of `tf.string` lines
@@ -127,8 +131,9 @@ def featurize_pairs(tokenizer: SubwordTokenizer) -> Transformation:
             message="Each line must be `source<TAB>target` with exactly one tab; rebuild the "
                     "prepared data with `aiayn data`.")
         with tf.control_dependencies([check]):
-            source = tokenizer.tokenize(sides[:, 0])  # (n, (src_len)) as featurize_source
-            target = tokenizer.tokenize(sides[:, 1])  # (n, (tgt_len - 1))
+            # (n, (src_len)) as featurize_source, (n, (tgt_len - 1))
+            source = tokenizer.tokenize(sides[:, 0], alpha, nbest_size)
+            target = tokenizer.tokenize(sides[:, 1], alpha, nbest_size)
         n = tf.shape(lines)[0]
         bos_column = tf.RaggedTensor.from_tensor(tf.fill([n, 1], tf.constant(bos, tf.int32)))
         eos_column = tf.RaggedTensor.from_tensor(tf.fill([n, 1], tf.constant(eos, tf.int32)))
@@ -373,7 +378,9 @@ def make_train_dataset(path_or_paths: PathLike | Sequence[PathLike],
       data_cfg: ``cfg.data``: `max_length`, `token_budget`, `bucket_boundaries`,
         `shuffle_buffer`, `seed`.
       seed: the shuffle seed; default `data_cfg.seed`. The same seed gives the same batches in
-        the same order; the order changes between epochs.
+        the same order; the order changes between epochs. With subword sampling
+        (`data_cfg.subword_alpha` > 0) the same lines in the same order, segmented anew each
+        time by SentencePiece's own generator, which tensorflow-text does not seed.
       length_counts: :func:`length_filter_counts` of the same files, tokenizer and
         `max_length`, when the caller has them already (else they are computed here).
 
@@ -399,7 +406,8 @@ def make_train_dataset(path_or_paths: PathLike | Sequence[PathLike],
     dataset = dataset.shuffle(max(1, data_cfg.shuffle_buffer), seed=seed,
                               reshuffle_each_iteration=True)
     dataset = dataset.repeat()
-    dataset = dataset.apply(featurize_pairs(tokenizer))
+    dataset = dataset.apply(featurize_pairs(tokenizer, data_cfg.subword_alpha,
+                                            data_cfg.subword_nbest))
     dataset = dataset.apply(filter_by_length(data_cfg.max_length))
     dataset = dataset.apply(batch_by_token_budget(bounds, data_cfg.token_budget,
                                                   tokenizer.pad_id, drop_remainder=True))

@@ -244,8 +244,20 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
                f"warmup {t.warmup_steps} steps {schedule} (learning-rate scale "
                f"{t.learning_rate_scale}), "
                f"label smoothing {t.label_smoothing}, {cfg.data.token_budget} tokens per batch "
-               f"x {t.gradient_accumulation_steps} accumulation, seed {t.seed}.")
+               f"x {t.gradient_accumulation_steps} accumulation, seed {t.seed}"
+               + _sampling_text(cfg.data) + ".")
     return out + [""]
+
+
+def _sampling_text(data: Any) -> str:
+    """``, subword sampling ...`` when training sampled its segmentations, else ``""``."""
+    if not data.subword_alpha:
+        return ""
+    among = ("all segmentations" if data.subword_nbest < 0
+             else f"the {data.subword_nbest} best segmentations")
+    return (f"; subword regularisation: each training pair segmented anew at each epoch, "
+            f"sampled with alpha {data.subword_alpha:g} among {among} (evaluation and the "
+            "export use the one best)")
 
 
 def _eval_section(cfg: Any, reports: Mapping[str, Any] | None) -> list[str]:
