@@ -61,15 +61,19 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
         peak   = scale * d_model^-0.5 * warmup_steps^-0.5     (the §5.3 schedule's maximum)
         warmup = max(step / warmup_steps, progress / warmup_fraction)
-        decay  = (1 - progress) / decay_fraction
-        lr     = peak * min(warmup, 1, decay)                                 (hold="constant")
-        lr     = peak * min(warmup, sqrt(warmup_steps / step)) * min(1, decay)  (hold="rsqrt")
+        left   = min(1, (1 - progress) / decay_fraction)   (1 until the decay, then down to 0)
+        decay  = left                        (decay_shape="linear")
+        decay  = 1 - sqrt(1 - left)          (decay_shape="sqrt": Hägele et al., 2024, "1-sqrt")
+        lr     = peak * min(warmup, decay)                                  (hold="constant")
+        lr     = peak * min(warmup, sqrt(warmup_steps / step)) * decay     (hold="rsqrt")
 
     The warm-up ends after ``warmup_steps`` steps or ``warmup_fraction`` of the budget,
     whichever comes first (0: steps only), so that on a slow machine, where a time budget buys
     few steps, the warm-up does not eat the run. ``decay_fraction`` is the final share of the
     budget over which the rate falls to zero (1.0: from the start, so the warm-up ramp meets a
-    falling line).
+    falling line). ``decay_shape`` is the decay's curve: a straight line, or ``1 - sqrt`` of
+    the decay's elapsed share, which halves the rate in the decay's first quarter and spends
+    longer at low rates.
 
     Args:
       hidden_dim: d_model.
@@ -79,16 +83,18 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
       decay_fraction: in (0, 1].
       warmup_fraction: in [0, 1); 0 = the warm-up is counted in steps only.
       hold: ``constant`` or ``rsqrt``: the rate between the warm-up and the decay.
+      decay_shape: ``linear`` or ``sqrt``: the curve of the decay.
 
     Raises:
       ValueError: non-positive sizes, ``decay_fraction`` outside (0, 1],
-        ``warmup_fraction`` outside [0, 1) or an unknown ``hold``.
+        ``warmup_fraction`` outside [0, 1), an unknown ``hold`` or ``decay_shape``.
     """
 
     HOLDS = ("constant", "rsqrt")
+    SHAPES = ("linear", "sqrt")
 
     def __init__(self, hidden_dim, warmup_steps, total_steps, scale=1.0, decay_fraction=1.0,
-                 warmup_fraction=0.0, hold="constant"):
+                 warmup_fraction=0.0, hold="constant", decay_shape="linear"):
         if hidden_dim < 1 or warmup_steps < 1 or total_steps < 1:
             raise ValueError(
                 "`hidden_dim`, `warmup_steps` and `total_steps` must be positive. Received: "
@@ -101,6 +107,9 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"`warmup_fraction` must be in [0, 1). Received: {warmup_fraction}.")
         if hold not in self.HOLDS:
             raise ValueError(f"`hold` must be one of {self.HOLDS}. Received: {hold!r}.")
+        if decay_shape not in self.SHAPES:
+            raise ValueError(
+                f"`decay_shape` must be one of {self.SHAPES}. Received: {decay_shape!r}.")
         self.hidden_dim = hidden_dim
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
@@ -108,6 +117,7 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.decay_fraction = decay_fraction
         self.warmup_fraction = warmup_fraction
         self.hold = hold
+        self.decay_shape = decay_shape
         self.time_progress = keras.Variable(0.0, trainable=False, dtype="float32",
                                             name="time_progress")
 
@@ -122,14 +132,16 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         warmup = step / float(self.warmup_steps)
         if self.warmup_fraction:
             warmup = ops.maximum(warmup, progress / self.warmup_fraction)
-        decay = (1.0 - ops.minimum(progress, 1.0)) / self.decay_fraction
+        # The share of the decay left: 1 until it begins, exactly 0 at the budget's end.
+        left = ops.minimum((1.0 - ops.minimum(progress, 1.0)) / self.decay_fraction, 1.0)
+        decay = left if self.decay_shape == "linear" else 1.0 - ops.sqrt(1.0 - left)
         if self.hold == "rsqrt":  # §5.3's rate, scaled down over the decay
             rate = ops.minimum(warmup, ops.rsqrt(step / float(self.warmup_steps)))
-            return self.peak * rate * ops.minimum(decay, 1.0)
-        return self.peak * ops.minimum(ops.minimum(warmup, decay), 1.0)
+            return self.peak * rate * decay
+        return self.peak * ops.minimum(warmup, decay)
 
     def get_config(self):
         return {"hidden_dim": self.hidden_dim, "warmup_steps": self.warmup_steps,
                 "total_steps": self.total_steps, "scale": self.scale,
                 "decay_fraction": self.decay_fraction, "warmup_fraction": self.warmup_fraction,
-                "hold": self.hold}
+                "hold": self.hold, "decay_shape": self.decay_shape}

@@ -137,6 +137,8 @@ class TrainConfig:
     lr_schedule: str = "rsqrt"
     # budget, rsqrt_cooldown: the final share of the run over which lr falls to 0.
     decay_fraction: float = 1.0
+    # budget, rsqrt_cooldown: the decay's curve, linear or sqrt (1 - sqrt of its elapsed share).
+    decay_shape: str = "linear"
     # budget: the warm-up also ends after this share of the run (0 = warmup_steps only).
     warmup_fraction: float = 0.0
     beta_1: float = 0.9
@@ -246,6 +248,7 @@ _VALID_CHOICES = {
     ("train", "bleu_tokenize"): ("auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char",
                                  "none"),
     ("train", "lr_schedule"): ("rsqrt", "budget", "rsqrt_cooldown"),
+    ("train", "decay_shape"): ("linear", "sqrt"),
     ("train", "jit_compile"): ("auto", "true", "false"),
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),

@@ -217,6 +217,8 @@ def test_yaml_values_are_checked_like_overrides(tmp_path):
                                     r"got 'drop'"),
     (["decode.stop_rule=never"], r"`decode.stop_rule` must be one of current, bound; "
                                  r"got 'never'"),
+    (["train.decay_shape=cosine"], r"`train.decay_shape` must be one of linear, sqrt; "
+                                   r"got 'cosine'"),
     # data
     (["data.token_budget=16"], r"`data.token_budget` \(16\) must be at least `data.max_length` "
                                r"\(32\)"),

@@ -152,19 +152,21 @@ def test_cli_model_card(run_cfg, tmp_path, capsys, monkeypatch):
     assert "Not evaluated yet" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("schedule, expected", [
-    ("rsqrt", "warmup 7 steps inverse square root after it (learning-rate scale"),
-    ("budget", "warmup 7 steps or 0.1 of the budget, then linear decay to zero over the last "
-               "0.3 of the budget"),
-    ("rsqrt_cooldown", "warmup 7 steps inverse square root after it, times a linear decay to "
-                       "zero over the last 0.3 of the budget"),
+@pytest.mark.parametrize("schedule, shape, expected", [
+    ("rsqrt", "linear", "warmup 7 steps inverse square root after it (learning-rate scale"),
+    ("budget", "linear", "warmup 7 steps or 0.1 of the budget, then linear decay to zero over "
+                         "the last 0.3 of the budget"),
+    ("rsqrt_cooldown", "linear", "warmup 7 steps inverse square root after it, times a linear "
+                                 "decay to zero over the last 0.3 of the budget"),
+    ("rsqrt_cooldown", "sqrt", "warmup 7 steps inverse square root after it, times a 1 - sqrt "
+                               "decay to zero over the last 0.3 of the budget"),
 ])
-def test_card_names_the_learning_rate_schedule(run_cfg, schedule, expected):
+def test_card_names_the_learning_rate_schedule(run_cfg, schedule, shape, expected):
     from aiayn.pipeline.release.model_card import write_model_card
 
     cfg = dataclasses.replace(run_cfg, train=dataclasses.replace(
         run_cfg.train, lr_schedule=schedule, warmup_steps=7, warmup_fraction=0.1,
-        decay_fraction=0.3))
+        decay_fraction=0.3, decay_shape=shape))
     assert expected in write_model_card(cfg)
 
 

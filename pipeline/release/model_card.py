@@ -233,12 +233,13 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
     else:
         out.append(f"- No finished training state in `{Path(t.run_dir) / 'train_state.json'}`; "
                    f"host: {host_description()}.")
+    decay = {"linear": "linear", "sqrt": "1 - sqrt"}[t.decay_shape]
     schedule = {
         "rsqrt": "inverse square root after it",
-        "budget": f"or {t.warmup_fraction:g} of the budget, then linear decay to zero over the "
+        "budget": f"or {t.warmup_fraction:g} of the budget, then {decay} decay to zero over the "
                   f"last {t.decay_fraction:g} of the budget",
-        "rsqrt_cooldown": "inverse square root after it, times a linear decay to zero over the "
-                          f"last {t.decay_fraction:g} of the budget",
+        "rsqrt_cooldown": f"inverse square root after it, times a {decay} decay to zero over "
+                          f"the last {t.decay_fraction:g} of the budget",
     }[t.lr_schedule]
     out.append(f"- Recipe (§5): Adam(beta_1={t.beta_1}, beta_2={t.beta_2}, epsilon={t.epsilon}), "
                f"warmup {t.warmup_steps} steps {schedule} (learning-rate scale "

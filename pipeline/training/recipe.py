@@ -59,7 +59,8 @@ def make_schedule(cfg: Config):
         schedule = BudgetSchedule(cfg.model.hidden_dim, t.warmup_steps, t.steps,
                                   scale=t.learning_rate_scale, decay_fraction=t.decay_fraction,
                                   warmup_fraction=t.warmup_fraction,
-                                  hold=_BUDGET_HOLDS[t.lr_schedule])
+                                  hold=_BUDGET_HOLDS[t.lr_schedule],
+                                  decay_shape=t.decay_shape)
     else:
         schedule = TransformerSchedule(cfg.model.hidden_dim, t.warmup_steps,
                                        scale=t.learning_rate_scale)

@@ -219,6 +219,30 @@ def test_rsqrt_cooldown_is_the_paper_schedule_until_the_decay_then_falls_to_zero
         BudgetSchedule(256, warmup_steps=10, total_steps=100, hold="cosine")
 
 
+def test_sqrt_decay_shape_halves_the_rate_in_the_first_quarter_of_the_decay():
+    paper = TransformerSchedule(256, warmup_steps=500, scale=0.6)
+    cooled = BudgetSchedule(256, warmup_steps=500, total_steps=20000, scale=0.6,
+                            decay_fraction=0.2, hold="rsqrt", decay_shape="sqrt")
+    # Share of the decay elapsed x: the rate is the paper's times 1 - sqrt(x).
+    for share, factor in ((0.5, 1.0), (0.79, 1.0), (0.85, 0.5), (0.96, 0.1055728), (1.0, 0.0),
+                          (1.3, 0.0)):
+        cooled.time_progress.assign(share)
+        np.testing.assert_allclose(float(cooled(5999)), float(paper(5999)) * factor, rtol=1e-4,
+                                   atol=1e-12)
+    peak = 0.6 * (256 * 500) ** -0.5
+    trapezoid = BudgetSchedule(256, warmup_steps=500, total_steps=2000, scale=0.6,
+                               decay_fraction=0.5, decay_shape="sqrt")
+    # Steps end the run; the decay is the last 1,000 steps: x = 0.25 at step 1,250.
+    for iteration, expected in ((249, peak * 0.5), (999, peak), (1249, peak * 0.5),
+                                (1999, 0.0)):
+        np.testing.assert_allclose(float(trapezoid(iteration)), expected, rtol=1e-4, atol=1e-12)
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(trapezoid))
+    assert restored.get_config()["decay_shape"] == "sqrt"
+    with pytest.raises(ValueError, match="`decay_shape` must be one of"):
+        BudgetSchedule(256, warmup_steps=10, total_steps=100, decay_shape="cosine")
+
+
 def test_one_training_step_under_jit_compile():
     model = make_model()
     features = make_batch()
