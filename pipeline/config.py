@@ -248,6 +248,7 @@ _VALID_CHOICES = {
     ("train", "bleu_tokenize"): ("auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char",
                                  "none"),
     ("train", "lr_schedule"): ("rsqrt", "budget", "rsqrt_cooldown"),
+    # aiayn.models.schedule.BudgetSchedule.SHAPES, spelled out (importing it would load Keras).
     ("train", "decay_shape"): ("linear", "sqrt"),
     ("train", "jit_compile"): ("auto", "true", "false"),
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
