@@ -7,34 +7,45 @@ from keras import ops
 
 
 def _smoothed_cross_entropy(labels, logits, eps):
-    """Per-row cross-entropy against ``(1 - eps) * one_hot(label) + eps / V``, with its gradient.
+    """Cross-entropy against ``(1 - eps) * one_hot(label) + eps / V``, with its gradient.
 
-    ``labels`` int32 ``(N,)``, ``logits`` float32 ``(N, V)`` -> ``(N,)``. The value is
-    ``logsumexp(z) - (1 - eps) * z[label] - eps * mean(z)`` and the gradient
-    ``softmax(z) - (1 - eps) * one_hot(label) - eps / V``, written out by hand: one exp pass
-    over the ``(N, V)`` logits shared by both (autodiff of the same formula, or TensorFlow's
-    sparse softmax kernel plus a separate smoothing term, made two to three passes more;
-    ``bench/train_step.py`` measures the whole step).
+    ``labels`` int32 ``(B, T)``, ``logits`` float32 ``(B, T, V)`` -> ``(B, T)``. With
+    ``s = z - max(z)``, the value is ``log(sum(exp(s))) - (1 - eps) * s[label] - eps * mean(s)``
+    and the gradient ``softmax(z) - eps / V``, less ``1 - eps`` at each label, written out by
+    hand: one exp pass over the logits shared by both, and the label term scattered into the
+    ``B * T`` label positions instead of a ``(B, T, V)`` one-hot.
+
+    The logits are never reshaped here: under mixed precision they come from a cast of the
+    model's bfloat16 projection, and TensorFlow's graph optimizer moves a widening cast below a
+    reshape by giving that consumer its own copy of the cast, so reshaping them cost one extra
+    ``(B * T, V)`` cast per reshaping consumer (two, with the accuracy metric's gather). The
+    label gather reads ``s``, which is not a cast. A ``small`` step ran 1.09x faster than with
+    the 2-D loss and one-hot gradient before it (``bench/train.py``, docs/RECIPE.md).
     """
     vocab = ops.shape(logits)[-1]
 
     @ops.custom_gradient
     def loss_fn(z):
-        peak = ops.max(z, axis=-1, keepdims=True)  # (N, 1), for a stable exp
-        exp = ops.exp(z - peak)  # (N, V)
-        total = ops.sum(exp, axis=-1, keepdims=True)  # (N, 1)
-        log_sum_exp = (peak + ops.log(total))[:, 0]  # (N,)
-        rows = ops.arange(ops.shape(labels)[0], dtype="int32")
-        label_logit = ops.take(ops.reshape(z, (-1,)), rows * vocab + labels)  # (N,)
-        value = log_sum_exp - (1.0 - eps) * label_logit - eps * ops.mean(z, axis=-1)
+        peak = ops.max(z, axis=-1, keepdims=True)  # (B, T, 1), for a stable exp
+        shifted = z - peak
+        exp = ops.exp(shifted)  # (B, T, V)
+        total = ops.sum(exp, axis=-1, keepdims=True)  # (B, T, 1)
+        index = (ops.arange(ops.size(labels), dtype="int32") * vocab
+                 + ops.reshape(labels, (-1,)))
+        label_shifted = ops.reshape(ops.take(ops.reshape(shifted, (-1,)), index),
+                                    ops.shape(labels))
+        value = (ops.log(total)[..., 0] - (1.0 - eps) * label_shifted
+                 - eps * ops.mean(shifted, axis=-1))
 
         def grad(*args, upstream=None):
             if upstream is None:  # TensorFlow passes the upstream gradient positionally
                 (upstream,) = args
-            upstream = upstream[:, None]  # (N, 1)
-            target = (1.0 - eps) * ops.one_hot(labels, vocab, dtype=z.dtype)  # (N, V)
+            upstream = upstream[..., None]  # (B, T, 1)
             uniform = ops.cast(eps, z.dtype) / ops.cast(vocab, z.dtype)
-            return (exp / total - uniform - target) * upstream
+            dz = exp * (upstream / total) - upstream * uniform  # (B, T, V)
+            flat = ops.reshape(dz, (-1,))
+            at_label = ops.take(flat, index) - (1.0 - eps) * ops.reshape(upstream, (-1,))
+            return ops.reshape(ops.scatter_update(flat, index[:, None], at_label), ops.shape(z))
 
         return value, grad
 
@@ -87,10 +98,7 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         labels = ops.cast(y_true, "int32")  # (B, T)
         logits = ops.cast(y_pred, "float32")  # (B, T, V)
-        vocab = logits.shape[-1] or ops.shape(logits)[-1]
-        losses = _smoothed_cross_entropy(ops.reshape(labels, (-1,)),
-                                         ops.reshape(logits, (-1, vocab)), self.label_smoothing)
-        return ops.reshape(losses, ops.shape(labels))  # (B, T); padding weighted 0 in __call__
+        return _smoothed_cross_entropy(labels, logits, self.label_smoothing)  # (B, T)
 
     def get_config(self):
         config = super().get_config()
