@@ -22,6 +22,9 @@ data_batch)`` (called by ``fit``, overridable)
 instance before ``fit``)                            _report_rank1_logs
 ``Optimizer._iterations`` (the micro-batch counter  pipeline/training/recipe.py:
 fed to the schedule under gradient accumulation)    AccumulatedSchedule; callbacks.current_step
+``Adam._momentums``, ``_velocities``,               pipeline/training/fused_adam.py:
+``_get_variable_index``; ``update_step`` gets the   FusedAdam.update_step
+backend's tf.Variable (TensorFlow backend)
 ``LossScaleOptimizer.inner_optimizer``              pipeline/training/callbacks.py:
                                                     current_learning_rate
 ``seed_generator_state`` variable paths             pipeline/training/checkpoints.py:
@@ -328,6 +331,31 @@ def test_schedule_gets_the_micro_batch_counter_under_accumulation():
     assert float(wrapped.learning_rate) == float(wrapped.iterations) == 2.0, _msg(
         f"AccumulatedSchedule feeds the schedule {float(wrapped.learning_rate)}, not the update "
         f"step {int(wrapped.iterations)}", used_by, module)
+
+
+def test_adam_slots_and_update_step_arguments():
+    used_by = "aiayn.pipeline.training.fused_adam:FusedAdam.update_step"
+    module = "pipeline/training/fused_adam.py"
+    seen = []
+
+    class Spy(keras.optimizers.Adam):
+        def update_step(self, gradient, variable, learning_rate):
+            index = self._get_variable_index(variable)
+            seen.append((variable, self._momentums[index], self._velocities[index]))
+            return super().update_step(gradient, variable, learning_rate)
+
+    model = _compiled(_dict_model(), optimizer=Spy(0.01))
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.apply_gradients(
+        [(tf.ones_like(v.value), v) for v in model.trainable_variables])
+    assert seen, _msg("Adam.update_step was not called by apply_gradients", used_by, module)
+    for variable, m, v in seen:
+        assert isinstance(variable, tf.Variable), _msg(
+            f"update_step got a {type(variable).__name__}, not the backend's tf.Variable",
+            used_by, module)
+        assert m.shape == v.shape == variable.shape and hasattr(m.value, "handle"), _msg(
+            "Adam._momentums/_velocities[_get_variable_index(variable)] are not the variable's "
+            "slots", used_by, module)
 
 
 def test_loss_scale_optimizer_inner_optimizer():

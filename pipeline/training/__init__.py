@@ -2,6 +2,7 @@
 
     train.py       train(cfg): strategy, model, data, callbacks, fit, the final weights
     recipe.py      Adam + the §5.3 schedule, label-smoothed loss, compile (Keras workarounds)
+    fused_adam.py  Keras's Adam with each variable's update in TensorFlow's fused kernel
     callbacks.py   time/step budgets, the non-finite-loss guard, the SIGTERM stop, progress,
                    history, the target-token metric
     dev_bleu.py    dev BLEU during training: the best weights, early stopping

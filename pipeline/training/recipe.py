@@ -19,6 +19,7 @@ from aiayn.models.schedule import BudgetSchedule, TransformerSchedule
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.training.artifacts import dummy_features
 from aiayn.pipeline.training.callbacks import TargetTokens
+from aiayn.pipeline.training.fused_adam import FusedAdam
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
@@ -76,10 +77,11 @@ def time_progress_variable(optimizer: keras.optimizers.Optimizer):
 
 
 def make_optimizer(cfg: Config) -> keras.optimizers.Optimizer:
-    """Adam(beta_1, beta_2, epsilon) on the §5.3 schedule, with gradient accumulation."""
+    """Adam(beta_1, beta_2, epsilon) on the §5.3 schedule, with gradient accumulation (Keras's
+    Adam, each variable's update in one fused TensorFlow kernel: ``fused_adam.py``)."""
     t = cfg.train
     accum = t.gradient_accumulation_steps
-    return keras.optimizers.Adam(
+    return FusedAdam(
         learning_rate=make_schedule(cfg), beta_1=t.beta_1, beta_2=t.beta_2, epsilon=t.epsilon,
         clipnorm=t.clipnorm or None, gradient_accumulation_steps=accum if accum > 1 else None)
 
