@@ -154,6 +154,9 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     average_last: int = 5
+    # Dev BLEU points (on the dev sample) by which the average or the best-dev weights must beat
+    # the last checkpoint to replace it as final.weights.h5; 0 = the highest score wins.
+    selection_margin: float = 0.0
     eval_every: int = 2000
     eval_max_sentences: int = 500
     dev_loss_every: int = 250  # teacher-forced loss on the same dev sample; 0 = off
@@ -356,6 +359,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("train", "checkpoint_every"): _AT_LEAST_1,
     ("train", "keep_checkpoints"): _AT_LEAST_1,
     ("train", "average_last"): _AT_LEAST_1,
+    ("train", "selection_margin"): _Bound(0.0, 100.0),  # BLEU points
     ("train", "eval_every"): _Bound(0, zero="no dev evaluation"),
     ("train", "eval_max_sentences"): _Bound(0, zero="the whole dev split"),
     ("train", "dev_loss_every"): _Bound(0, zero="no dev loss"),

@@ -161,6 +161,35 @@ def test_tiny_run_chooses_final_weights_between_last_and_average(tiny_run):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.parametrize("margin, scores, chosen", [
+    (0.0, (20.0, 20.3, 20.2), "average_last_3"),  # the highest score wins
+    (0.5, (20.0, 20.3, 20.45), "last"),  # within the margin: the last checkpoint stays
+    (0.5, (20.0, 20.6, 20.2), "average_last_3"),
+    (0.5, (20.0, 20.6, 20.9), "best_dev_step_10"),
+    (0.5, (20.0, 19.0, 18.0), "last"),
+])
+def test_another_candidate_replaces_the_last_weights_only_beyond_the_selection_margin(
+        tiny_run, tmp_path, monkeypatch, margin, scores, chosen):
+    import shutil
+    from pathlib import Path
+
+    cfg, _ = tiny_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(cfg.train.run_dir, run_dir)
+    (run_dir / "dev_eval_state.json").write_text(json.dumps({"best_step": 10}))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, run_dir=str(run_dir), selection_margin=margin))
+    bleus = iter(scores)
+    monkeypatch.setattr(averaging, "_score_on_dev",
+                        lambda *args: {"bleu": next(bleus), "chrf": 40.0})
+    tokenizer = artifacts.load_tokenizer(cfg)
+    report = averaging.select_final_weights(cfg, artifacts.build_model(cfg, tokenizer), tokenizer,
+                                            pairs=[("a", "b")])
+    assert list(report["candidates"]) == ["last", "average_last_3", "best_dev_step_10"]
+    assert report["chosen"] == chosen and report["selection_margin"] == margin
+    assert json.loads((Path(run_dir) / "averaging.json").read_text())["chosen"] == chosen
+
+
 def test_rerunning_a_finished_run_returns_its_summary_without_training(tiny_run, capsys):
     cfg, summary = tiny_run
     assert train_lib.train(cfg) == json.loads(json.dumps(summary))

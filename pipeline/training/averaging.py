@@ -4,7 +4,10 @@
 
 Candidates: the last checkpoint, the element-wise mean of the last ``train.average_last`` and the
 best-dev weights; each is translated with the served graph (``validation.translate_sentences``)
-and the best dev BLEU becomes ``final.weights.h5``, with every score in ``averaging.json``.
+and the best dev BLEU becomes ``final.weights.h5``, with every score in ``averaging.json``. The
+last checkpoint is the default: another candidate replaces it only when it scores more than
+``train.selection_margin`` BLEU above it, so that the noise of a small dev sample does not swap
+the annealed end of a run for an earlier checkpoint.
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
                          stream=None) -> dict[str, Any]:
     """Scores the last checkpoint, the average of the last N and the best-dev weights on dev.
 
-    The best of them is written to ``<run_dir>/final.weights.h5``; all scores go to
+    The best of them (another than the last only when it beats the last by more than
+    ``train.selection_margin`` BLEU) is written to ``<run_dir>/final.weights.h5``; all scores go to
     ``<run_dir>/averaging.json``. Without dev data the average (or the last) is kept unscored.
 
     Returns:
@@ -117,8 +121,9 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
         pairs = dev_sample(cfg, cfg.train.eval_max_sentences)
     report: dict[str, Any] = {"checkpoints": [str(p) for _, p in ckpts],
                               "average_last": min(len(ckpts), max(1, cfg.train.average_last)),
-                              "dev_sentences": len(pairs), "candidates": {}}
-    best_name, best_bleu = None, -1.0
+                              "dev_sentences": len(pairs),
+                              "selection_margin": cfg.train.selection_margin, "candidates": {}}
+    best_name, best_bleu, last_bleu = None, -1.0, None
     for name, weight_files in candidates:
         average_weight_files(model, weight_files)
         entry: dict[str, Any] = {"files": weight_files}
@@ -126,7 +131,9 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
             entry.update(_score_on_dev(cfg, model, tokenizer, pairs))
             stream.write(f"dev {name}: BLEU {entry['bleu']:.2f} chrF {entry['chrf']:.2f}\n")
             stream.flush()
-            better = entry["bleu"] > best_bleu
+            last_bleu = entry["bleu"] if last_bleu is None else last_bleu  # "last" comes first
+            better = entry["bleu"] > best_bleu and (
+                name == "last" or entry["bleu"] - last_bleu > cfg.train.selection_margin)
         else:
             better = best_name is None or name.startswith("average")
         report["candidates"][name] = entry
