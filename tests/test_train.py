@@ -80,7 +80,7 @@ def tiny_run(toy_config, spm_model_path, tmp_path_factory):
 
 
 def test_training_gives_back_the_callers_global_dtype_policy(toy_config, spm_model_path,
-                                                            tmp_path):
+                                                            tmp_path, monkeypatch):
     """Training sets the global policy (mixed_bfloat16 on a CPU with bf16 units); a model the
     caller builds afterwards must not inherit it (it did, and broke later float32 checks)."""
     cfg = load_config(["tiny"], [f"data.data_dir={toy_config.data.data_dir}",
@@ -94,9 +94,18 @@ def test_training_gives_back_the_callers_global_dtype_policy(toy_config, spm_mod
         def on_train_batch_end(self, batch, logs=None):
             seen.append(keras.mixed_precision.global_policy().name)
 
+    scored_in = []
+
+    def select(cfg, model, *args, **kwargs):
+        scored_in.append(model.compute_dtype)
+        return averaging.select_final_weights(cfg, model, *args, **kwargs)
+
+    monkeypatch.setattr(train_lib, "select_final_weights", select)
     assert keras.mixed_precision.global_policy().name == "float32"
     summary = train_lib.train(cfg, extra_callbacks=[Policy()])
     assert summary["mixed_precision"] == "mixed_bfloat16" and seen == ["mixed_bfloat16"] * 2
+    # The final weights are chosen as they are served: in float32, not the training policy.
+    assert scored_in == ["float32"]
     assert keras.mixed_precision.global_policy().name == "float32"
 
 

@@ -485,6 +485,19 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
     raise TrainingInterrupted(message)
 
 
+def _model_as_served(s: _Session) -> keras.Model:
+    """The model the final weights are scored in: float32, as evaluation and the export run them.
+
+    Under ``mixed_bfloat16`` the training model decodes in bfloat16, and the dev BLEU of the
+    same weights on the same 200 verses moved by up to 0.45 between the two (25.88 against
+    26.23 for one checkpoint): enough to choose other weights than float32 scores would.
+    """
+    if s.policy == "float32":
+        return s.model
+    keras.mixed_precision.set_global_policy("float32")  # _global_policy_kept restores it
+    return build_model(s.cfg, s.tokenizer)
+
+
 def _record(files: RunFiles, summary: dict[str, Any]) -> None:
     """``train_state.json``: the end state and the summary (atomically)."""
     atomic_write(files.train_state, json.dumps({"status": summary["end_state"],
@@ -494,7 +507,7 @@ def _record(files: RunFiles, summary: dict[str, Any]) -> None:
 
 def _finish(s: _Session, summary: dict[str, Any]) -> None:
     """Chief only: choose and write the final weights, record the end state, drop backups."""
-    report = select_final_weights(s.cfg, s.model, s.tokenizer, s.pairs or None,
+    report = select_final_weights(s.cfg, _model_as_served(s), s.tokenizer, s.pairs or None,
                                   stream=s.stream)
     chosen = report["candidates"][report["chosen"]]
     summary.update({"final_weights": report["final_weights"], "averaging": report,
