@@ -20,7 +20,8 @@ def _smoothed_cross_entropy(labels, logits, eps):
     reshape by giving that consumer its own copy of the cast, so reshaping them cost one extra
     ``(B * T, V)`` cast per reshaping consumer (two, with the accuracy metric's gather). The
     label gather reads ``s``, which is not a cast. A ``small`` step ran 1.09x faster than with
-    the 2-D loss and one-hot gradient before it (``bench/train.py``, docs/RECIPE.md).
+    the 2-D loss and one-hot gradient before it (``bench/train_step_profile.py``,
+    docs/RECIPE.md "Throughput").
     """
     vocab = ops.shape(logits)[-1]
 

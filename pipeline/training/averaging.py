@@ -131,7 +131,8 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
             entry.update(_score_on_dev(cfg, model, tokenizer, pairs))
             stream.write(f"dev {name}: BLEU {entry['bleu']:.2f} chrF {entry['chrf']:.2f}\n")
             stream.flush()
-            last_bleu = entry["bleu"] if last_bleu is None else last_bleu  # "last" comes first
+            if name == "last":  # always the first candidate
+                last_bleu = entry["bleu"]
             better = entry["bleu"] > best_bleu and (
                 name == "last" or entry["bleu"] - last_bleu > cfg.train.selection_margin)
         else:
