@@ -6,6 +6,7 @@ import keras
 
 from aiayn.models.attention import MultiHeadAttention
 from aiayn.models.feedforward import FeedForward
+from aiayn.models.layer_norm import LayerNorm
 from aiayn.models.masks import self_attention_mask
 
 
@@ -23,13 +24,13 @@ def residual_sublayer(x, sublayer, dropout, norm, norm_first, training):
     Returns:
       ``(output, extra)``.
     """
-    y, extra = sublayer(norm(x) if norm_first else x)
+    y, extra = sublayer(norm(x, training=training) if norm_first else x)
     y = x + dropout(y, training=training)
-    return (y if norm_first else norm(y)), extra
+    return (y if norm_first else norm(y, training=training)), extra
 
 
 def _norm(name, epsilon, dtype):
-    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    return LayerNorm(epsilon=epsilon, dtype=dtype, name=name)
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
