@@ -25,16 +25,20 @@ def _normalize_with_gradient(x, gamma, beta, epsilon):
 
     @ops.custom_gradient
     def normalize(x, gamma, beta):
+        # The forward pass is Keras's own ops (ops.layer_normalization's): eagerly the same
+        # values that evaluation and the export compute.
         x32 = ops.cast(x, "float32")
-        centered = x32 - ops.mean(x32, axis=-1, keepdims=True)
+        mean = ops.mean(x32, axis=-1, keepdims=True)
+        centered = x32 - mean
         inv_std = ops.rsqrt(ops.mean(ops.square(centered), axis=-1, keepdims=True) + epsilon)
-        normalized = centered * inv_std
-        outputs = normalized * gamma + beta
+        inv = inv_std * gamma
+        outputs = x32 * inv + (beta - mean * inv)
 
         def grad(*args, upstream=None):
             if upstream is None:  # TensorFlow passes the upstream gradient positionally
                 (upstream,) = args
             upstream = ops.cast(upstream, "float32")
+            normalized = centered * inv_std
             reduce_axes = tuple(range(len(upstream.shape) - 1))
             scaled = upstream * gamma
             dx = inv_std * (scaled - ops.mean(scaled, axis=-1, keepdims=True)
@@ -53,9 +57,9 @@ class LayerNorm(keras.layers.LayerNormalization):
     """Keras's ``LayerNormalization`` over the last axis, with a hand-written training gradient.
 
     The same weights (``gamma``, ``beta``), config and inference graph as Keras's layer (so
-    checkpoints, the SavedModel and the CTranslate2 export read it as before); in training the
-    forward pass is the same formula in float32 and the backward pass the closed form of
-    :func:`_normalize_with_gradient`. Statistics are float32 under every mixed policy.
+    checkpoints, the SavedModel and the CTranslate2 export read it as before). In training the
+    forward pass is still Keras's computation, op for op, and the backward pass the closed form
+    of :func:`_normalize_with_gradient`. Statistics are float32 under every mixed policy.
 
     Args:
       epsilon: added to the variance.
