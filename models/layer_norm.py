@@ -15,8 +15,8 @@ def _normalize_with_gradient(x, gamma, beta, epsilon):
     of the moments reaches the same values through about twice the passes over the
     ``(B, T, d)`` activations (the variance's and the mean's paths separately, each broadcast
     back). On CPUs with bf16 units, where a step is mostly such elementwise work, layer norm
-    was 16% of a ``small`` step's op time; with this gradient 5%, and the step 1.03x faster
-    (``bench/train_step_profile.py``, seven interleaved rounds; docs/RECIPE.md "Throughput").
+    was 16% of a ``small`` step's op time; with this gradient 5% (``bench/train_step_profile.py``;
+    the step 1.03x to 1.0x faster in interleaved rounds on a noisy host, docs/RECIPE.md).
 
     ``x`` any float dtype ``(..., d)``; ``gamma``, ``beta`` float32 ``(d,)``. Returns float32
     ``(..., d)``; the gradient of ``x`` has ``x``'s dtype.
