@@ -138,10 +138,11 @@ def matmul_flops_per_s(n=1024, repeats=20):
 
 def train_flops(m, vocab, batch, src, tgt):
     d, f, n = m.hidden_dim, m.intermediate_dim, m.num_layers
+    n_dec = m.num_decoder_layers or n
     enc_dense = n * (4 * d * d + 2 * d * f)
-    dec_dense = n * (8 * d * d + 2 * d * f)
+    dec_dense = n_dec * (8 * d * d + 2 * d * f)
     forward = 2 * batch * (src * enc_dense + tgt * dec_dense + tgt * d * vocab)
-    forward += 4 * batch * n * d * (src * src + tgt * tgt + tgt * src)  # QK^T and AV
+    forward += 4 * batch * d * (n * src * src + n_dec * (tgt * tgt + tgt * src))  # QK^T, AV
     return 3 * forward
 
 

@@ -186,8 +186,8 @@ def transformer_spec(model: Any, pieces: Sequence[str], special: dict[str, str])
     ct2 = import_ctranslate2()
     specs = ct2.specs
     spec = specs.TransformerSpec.from_config(
-        (model.num_layers, model.num_layers), model.num_heads, pre_norm=bool(model.norm_first),
-        activation=specs.Activation.RELU)
+        (model.num_layers, model.num_decoder_layers), model.num_heads,
+        pre_norm=bool(model.norm_first), activation=specs.Activation.RELU)
     table = _array(model.embedding.embeddings)  # (V, d), shared (§3.4)
     # Interleaved sin/cos, the model's own function: max_position rows cover every encoder
     # position (< source limit) and every decoder input position (< max_position).

@@ -24,7 +24,11 @@ class Transformer(keras.Model):
     Args:
       vocabulary_size: size of the joint (source + target) vocabulary.
       pad_id: the padding id (from the tokenizer); generated outputs are padded with it.
-      num_layers: N, layers in each of encoder and decoder.
+      num_layers: N, layers of the encoder (and of the decoder, unless
+        ``num_decoder_layers`` is given).
+      num_decoder_layers: layers of the decoder; ``None`` or 0: as many as the encoder (the
+        paper). A deep encoder and a shallow decoder (Kasai et al., 2021) costs less a training
+        step and much less a decoding step, which runs the decoder once per produced token.
       hidden_dim: d_model.
       intermediate_dim: d_ff.
       num_heads: h.
@@ -57,7 +61,7 @@ class Transformer(keras.Model):
     def __init__(self, vocabulary_size, pad_id, num_layers=6, hidden_dim=512,
                  intermediate_dim=2048, num_heads=8, dropout=0.1, attention_dropout=0.0,
                  norm_first=False, tie_embeddings=True, max_position=1024,
-                 layer_norm_epsilon=1e-6, **kwargs):
+                 layer_norm_epsilon=1e-6, num_decoder_layers=None, **kwargs):
         super().__init__(**kwargs)
         if not 0 <= pad_id < vocabulary_size:
             raise ValueError(
@@ -69,6 +73,7 @@ class Transformer(keras.Model):
         self.vocabulary_size = vocabulary_size
         self.pad_id = pad_id
         self.num_layers = num_layers
+        self.num_decoder_layers = num_decoder_layers or num_layers
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
         self.num_heads = num_heads
@@ -78,14 +83,14 @@ class Transformer(keras.Model):
         self.tie_embeddings = tie_embeddings
         self.max_position = max_position
         self.layer_norm_epsilon = layer_norm_epsilon
-        stack = dict(num_layers=num_layers, hidden_dim=hidden_dim,
+        stack = dict(hidden_dim=hidden_dim,
                      intermediate_dim=intermediate_dim, num_heads=num_heads, dropout=dropout,
                      attention_dropout=attention_dropout, norm_first=norm_first,
                      layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy)
         self.embedding = TransformerEmbedding(vocabulary_size, hidden_dim, dropout,
                                               dtype=self.dtype_policy, name="embedding")
-        self.encoder = TransformerEncoder(name="encoder", **stack)
-        self.decoder = TransformerDecoder(name="decoder", **stack)
+        self.encoder = TransformerEncoder(num_layers, name="encoder", **stack)
+        self.decoder = TransformerDecoder(self.num_decoder_layers, name="decoder", **stack)
         self.output_projection = None
         if not tie_embeddings:
             self.output_projection = keras.layers.Dense(
@@ -339,7 +344,8 @@ class Transformer(keras.Model):
     def get_config(self):
         config = super().get_config()
         config.update(vocabulary_size=self.vocabulary_size, pad_id=self.pad_id,
-                      num_layers=self.num_layers, hidden_dim=self.hidden_dim,
+                      num_layers=self.num_layers,
+                      num_decoder_layers=self.num_decoder_layers, hidden_dim=self.hidden_dim,
                       intermediate_dim=self.intermediate_dim, num_heads=self.num_heads,
                       dropout=self.dropout, attention_dropout=self.attention_dropout,
                       norm_first=self.norm_first, tie_embeddings=self.tie_embeddings,

@@ -3,6 +3,7 @@
 One place maps the paper's symbols to our names (Vaswani et al., 2017, Table 3):
 
     N      -> model.num_layers          d_model -> model.hidden_dim
+              (model.num_decoder_layers, when the decoder's N differs)
     d_ff   -> model.intermediate_dim    h       -> model.num_heads
     P_drop -> model.dropout             eps_ls  -> train.label_smoothing
     warmup_steps (§5.3) -> train.warmup_steps
@@ -119,6 +120,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     max_position: int = 1024
     layer_norm_epsilon: float = 1e-6
+    # 0 = as many as num_layers (the paper); fewer: a deep encoder and a shallow decoder.
+    num_decoder_layers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +339,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("data", "shuffle_buffer"): _AT_LEAST_1,  # 1 = no shuffling
     ("data", "seed"): _SEED,
     ("model", "num_layers"): _AT_LEAST_1,
+    ("model", "num_decoder_layers"): _Bound(0, zero="as many as model.num_layers"),
     ("model", "hidden_dim"): _AT_LEAST_1,
     ("model", "intermediate_dim"): _AT_LEAST_1,
     ("model", "num_heads"): _AT_LEAST_1,

@@ -162,6 +162,8 @@ BAD_VALUES = [
      "a finite number: 0 (by language) or in [0.98, 1]"),
     ("data.max_length_ratio=0.5", "data.max_length_ratio", "0.5",
      "a finite number: 0 (no length-ratio check) or >= 1"),
+    ("model.num_decoder_layers=-1", "model.num_decoder_layers", "-1",
+     "an integer >= 0 (0 = as many as model.num_layers)"),
     # not finite: 1e400 parses to inf; inf and nan are rejected everywhere
     ("train.steps=1e400", "train.steps", "'1e400'", "an integer >= 1"),
     ("data.max_length=1e400", "data.max_length", "'1e400'", "an integer >= 2"),

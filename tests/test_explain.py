@@ -130,11 +130,37 @@ def test_explain_translation_writes_images(tiny_model, toy_tokenizer, toy_config
 def test_explain_translation_rejects_bad_input(tiny_model, toy_tokenizer, tmp_path):
     from aiayn.pipeline.evaluation.explain import explain_translation
 
-    with pytest.raises(UserInputError, match=r"Layer 5 does not exist: the model has 2 layers"):
+    with pytest.raises(UserInputError,
+                       match=r"Layer 5 does not exist: the model's decoder has 2 layers"):
         explain_translation(tiny_model, toy_tokenizer, "Jesus wept.", tmp_path / "x.png", layer=5)
     with pytest.raises(UserInputError, match="no subwords"):
         explain_translation(tiny_model, toy_tokenizer, "   ", tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_deep_encoder_and_shallow_decoder_have_each_their_own_layer(toy_config,
+                                                                      toy_tokenizer, tmp_path):
+    import dataclasses
+
+    from aiayn.pipeline.evaluation.explain import explain_translation
+    from aiayn.pipeline.training.artifacts import build_model
+
+    cfg = dataclasses.replace(toy_config, model=dataclasses.replace(
+        toy_config.model, num_layers=3, num_decoder_layers=1))
+    model = build_model(cfg, toy_tokenizer)
+    out = tmp_path / "deep.png"
+    data = explain_translation(model, toy_tokenizer, SOURCES[0], out, beam_size=1,
+                               max_extra_length=3, self_attention=True, dpi=40)
+    assert (data["layer"], data["encoder_layer"]) == (0, 2)  # -1: the last of each stack
+    S, T = len(data["source_pieces"]), len(data["output_pieces"])
+    assert data["encoder_self"].shape[1:] == (S, S) and data["cross"].shape[1:] == (T, S)
+    assert _png_size(data["paths"]["encoder_self"])[0] == "PNG"
+    data = explain_translation(model, toy_tokenizer, SOURCES[0], out, layer=0, beam_size=1,
+                               max_extra_length=3)
+    assert (data["layer"], data["encoder_layer"]) == (0, 0)
+    with pytest.raises(UserInputError,
+                       match=r"Layer 1 does not exist: the model's decoder has 1 layer "):
+        explain_translation(model, toy_tokenizer, SOURCES[0], out, layer=1)
 
 
 def test_positional_encoding_plot_data_is_the_sine_table(tmp_path):

@@ -190,3 +190,14 @@ def test_card_says_whether_training_sampled_subwords(run_cfg, alpha, nbest, expe
         assert "subword regularisation" not in card and "sampled with" not in card
     else:
         assert expected in card
+
+
+@pytest.mark.parametrize("depths, expected", [((2, 0), "| layers N (encoder, decoder) | 2 |"),
+                                              ((2, 2), "| layers N (encoder, decoder) | 2 |"),
+                                              ((3, 1), "| layers N (encoder, decoder) | 3, 1 |")])
+def test_card_gives_each_stack_its_depth(run_cfg, depths, expected):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    cfg = dataclasses.replace(run_cfg, model=dataclasses.replace(
+        run_cfg.model, num_layers=depths[0], num_decoder_layers=depths[1]))
+    assert expected in write_model_card(cfg)

@@ -94,11 +94,19 @@ def _pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [p.decode("utf-8", errors="replace") for p in raw]
 
 
-def _resolve_layer(layer: int, num_layers: int) -> int:
+def _resolve_layer(layer: int, num_layers: int, stack: str = "decoder") -> int:
     if not -num_layers <= layer < num_layers:
-        raise UserInputError(f"Layer {layer} does not exist: the model has {num_layers} layers "
-                             f"(use 0..{num_layers - 1}, or -1 for the last).")
+        noun = "layer" if num_layers == 1 else "layers"
+        raise UserInputError(f"Layer {layer} does not exist: the model's {stack} has "
+                             f"{num_layers} {noun} (use 0..{num_layers - 1}, or -1 for the "
+                             "last).")
     return layer % num_layers
+
+
+def _depths(model: Any) -> tuple[int, int]:
+    """(encoder layers, decoder layers); a model saved before they could differ has one N."""
+    encoder = int(model.num_layers)
+    return encoder, int(getattr(model, "num_decoder_layers", None) or encoder)
 
 
 def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str | Path,
@@ -120,7 +128,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
       sentence: the source text.
       out_png: where the cross-attention figure goes.
       layer: which layer (of the decoder for cross/decoder maps, of the encoder for encoder
-        maps); negative counts from the end (default: the last).
+        maps); negative counts from the end of each stack (default: the last of each).
       beam_size, length_penalty, max_extra_length, stop_rule: decode settings for
         ``model.generate`` (``beam_size=1`` is greedy).
       max_length: the source limit (``aiayn.pipeline.config.source_limit(cfg)``).
@@ -128,7 +136,9 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
       dpi: image resolution; the size in pixels is ``image_size``.
 
     Returns:
-      dict: ``source``, ``translation``, ``score``, ``layer`` (resolved index),
+      dict: ``source``, ``translation``, ``score``, ``layer`` (resolved decoder index),
+      ``encoder_layer`` (resolved encoder index; the same as ``layer`` unless the two stacks
+      differ in depth and ``layer`` is negative),
       ``unknown_fraction`` (of the source's characters, as the ``n_best`` signature says),
       ``source_ids`` / ``source_pieces`` (S), ``output_ids`` / ``output_pieces`` (T, the
       produced tokens, EOS (``</s>``) last when the search produced it),
@@ -151,7 +161,9 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     if bool(features.empty.numpy()[0]):
         raise UserInputError(f"Nothing to explain: {sentence!r} has no subwords.")
     ids, mask = features.token_ids, features.padding_mask
-    layer = _resolve_layer(layer, int(model.num_layers))
+    encoder_depth, decoder_depth = _depths(model)
+    layer, encoder_layer = (_resolve_layer(layer, decoder_depth, "decoder"),
+                            _resolve_layer(layer, encoder_depth, "encoder"))
 
     produced, translation, score = _search(model, tokenizer, ids, mask, beam_size,
                                            length_penalty, max_extra_length, stop_rule)
@@ -163,16 +175,17 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     cross = maps["cross"][layer][0]  # (heads, T, S)
     data: dict[str, Any] = {
         "source": sentence, "translation": translation, "score": score, "layer": layer,
+        "encoder_layer": encoder_layer,
         "unknown_fraction": float(features.unknown_fraction.numpy()[0]),
         "source_ids": [int(t) for t in source_ids], "output_ids": produced,
         "source_pieces": source_pieces, "output_pieces": output_pieces,
         "decoder_input_pieces": input_pieces,
         "cross": cross, "cross_mean": cross.mean(axis=0),
-        "encoder_self": maps["encoder_self"][layer][0],
+        "encoder_self": maps["encoder_self"][encoder_layer][0],
         "decoder_self": maps["decoder_self"][layer][0],
         "paths": {},
     }
-    _plot_explanation(data, Path(out_png), int(model.num_layers), self_attention, dpi)
+    _plot_explanation(data, Path(out_png), (encoder_depth, decoder_depth), self_attention, dpi)
     return data
 
 
@@ -200,10 +213,11 @@ def _search(model: Any, tokenizer: Any, ids, mask, beam_size: int, length_penalt
     return produced, translation.decode("utf-8"), float(out["scores"].numpy()[0, 0])
 
 
-def _plot_explanation(data: dict[str, Any], out_png: Path, n_layers: int, self_attention: bool,
-                      dpi: int) -> None:
+def _plot_explanation(data: dict[str, Any], out_png: Path, depths: tuple[int, int],
+                      self_attention: bool, dpi: int) -> None:
     """Writes the cross-attention figure (and the self-attention ones); fills ``data``."""
     layer, sentence = data["layer"], data["source"]
+    (n_encoder, n_layers), encoder_layer = depths, data["encoder_layer"]
     source_pieces, output_pieces = data["source_pieces"], data["output_pieces"]
     input_pieces, cross = data["decoder_input_pieces"], data["cross"]
     data["image_size"] = plot_heads(
@@ -215,7 +229,8 @@ def _plot_explanation(data: dict[str, Any], out_png: Path, n_layers: int, self_a
     if self_attention:
         for kind, x_labels, y_labels, title, xlabel, ylabel in (
                 ("encoder_self", source_pieces, source_pieces,
-                 f"Encoder self-attention, layer {layer + 1}/{n_layers}", "source subwords",
+                 f"Encoder self-attention, layer {encoder_layer + 1}/{n_encoder}",
+                 "source subwords",
                  "source subwords (queries)"),
                 ("decoder_self", input_pieces, output_pieces,
                  f"Decoder self-attention (causal), layer {layer + 1}/{n_layers}",

@@ -191,6 +191,12 @@ def _data_section(cfg: Any, report: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
+def _depth(m: Any) -> str:
+    """``"2"`` where the encoder and the decoder have as many layers, else ``"3, 1"``."""
+    decoder = m.num_decoder_layers or m.num_layers
+    return str(m.num_layers) if decoder == m.num_layers else f"{m.num_layers}, {decoder}"
+
+
 def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None) -> list[str]:
     m = cfg.model
     rows = [("preset", f"`{cfg.preset or 'none'}`"),
@@ -198,7 +204,7 @@ def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None
                              + ("pre-norm" if m.norm_first else "post-norm (as the paper)")
                              + (", tied embeddings and output projection (§3.4)"
                                 if m.tie_embeddings else "")),
-            ("layers N (encoder, decoder)", m.num_layers), ("d_model", m.hidden_dim),
+            ("layers N (encoder, decoder)", _depth(m)), ("d_model", m.hidden_dim),
             ("d_ff", m.intermediate_dim), ("heads h", m.num_heads),
             ("dropout P_drop", m.dropout), ("max positions", m.max_position)]
     if vocabulary_size:

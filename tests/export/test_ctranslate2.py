@@ -33,9 +33,10 @@ def _options(cfg):
     return ServingOptions.from_configs(cfg.decode, cfg.export)
 
 
-@pytest.mark.parametrize("norm_first,tie_embeddings", [(False, True), (True, False)],
-                         ids=["post-norm-tied", "pre-norm-untied"])
-def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, toy_config,
+@pytest.mark.parametrize("norm_first,tie_embeddings,depths",
+                         [(False, True, (2, 0)), (True, False, (2, 0)), (False, True, (3, 1))],
+                         ids=["post-norm-tied", "pre-norm-untied", "deep-encoder-shallow-decoder"])
+def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, depths, toy_config,
                                                toy_tokenizer, tmp_path):
     import keras
 
@@ -43,7 +44,8 @@ def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, toy_c
     from aiayn.pipeline.training.artifacts import build_model
 
     cfg = dataclasses.replace(toy_config, model=dataclasses.replace(
-        toy_config.model, norm_first=norm_first, tie_embeddings=tie_embeddings))
+        toy_config.model, norm_first=norm_first, tie_embeddings=tie_embeddings,
+        num_layers=depths[0], num_decoder_layers=depths[1]))
     keras.utils.set_random_seed(7)
     model = build_model(cfg, toy_tokenizer, dtype="float32")
     rng = np.random.default_rng(0)

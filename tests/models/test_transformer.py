@@ -44,7 +44,9 @@ def test_causality(tiny_model):
     assert not np.allclose(a[:, 4:], b[:, 4:])
 
 
-@pytest.mark.parametrize("overrides", [{}, {"norm_first": True, "tie_embeddings": False}])
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True, "tie_embeddings": False},
+                                       {"num_layers": 3, "num_decoder_layers": 1}],
+                         ids=["post-norm", "pre-norm-untied", "deep-encoder-shallow-decoder"])
 def test_cached_decoding_equals_full_forward(overrides):
     model = make_model(**overrides)
     features = make_batch(pad_tail=False)
@@ -76,6 +78,36 @@ def test_attention_weights_for_plots(tiny_model):
     assert [tuple(w.shape) for w in weights["cross"]] == [(3, 2, 6, 7)] * 2
     self_w = ops.convert_to_numpy(weights["decoder_self"][0])
     assert np.all(np.triu(self_w[0, 0], k=1) == 0)  # causal
+
+
+def test_encoder_and_decoder_depths_differ_where_asked(tmp_path):
+    deep_shallow = make_model(num_layers=3, num_decoder_layers=1)
+    assert (len(deep_shallow.encoder.encoder_layers),
+            len(deep_shallow.decoder.decoder_layers)) == (3, 1)
+    weights = deep_shallow.attention_weights(make_batch())
+    assert [len(weights[k]) for k in ("encoder_self", "decoder_self", "cross")] == [3, 1, 1]
+    assert len(deep_shallow.init_cache(3, 5)["layers"]) == 1  # one decoder layer's cache
+    # Against the 2-2 model: one encoder layer more (attention, feed-forward, two norms) and
+    # one decoder layer less (the same plus cross-attention and a third norm).
+    d, f = TINY["hidden_dim"], TINY["intermediate_dim"]
+    encoder_layer = 4 * d * d + 4 * d + 2 * d * f + f + d + 2 * 2 * d
+    decoder_layer = encoder_layer + 4 * d * d + 4 * d + 2 * d
+    assert (deep_shallow.count_params() - make_model().count_params()
+            == encoder_layer - decoder_layer)
+    # None and 0 (the config's "as many") both mean the paper's equal depths.
+    for same in (None, 0):
+        assert make_model(num_decoder_layers=same).num_decoder_layers == TINY["num_layers"]
+    config = deep_shallow.get_config()
+    assert (config["num_layers"], config["num_decoder_layers"]) == (3, 1)
+    path = tmp_path / "deep_shallow.keras"
+    deep_shallow.save(path)
+    restored = keras.saving.load_model(path)
+    assert len(restored.decoder.decoder_layers) == 1
+    np.testing.assert_allclose(_logits(restored, make_batch()),
+                               _logits(deep_shallow, make_batch()), atol=1e-6)
+    # A config saved before the decoder's depth had its own key gets equal depths.
+    legacy = {k: v for k, v in make_model().get_config().items() if k != "num_decoder_layers"}
+    assert Transformer.from_config(legacy).num_decoder_layers == TINY["num_layers"]
 
 
 def _param_count(preset):
