@@ -144,6 +144,30 @@ def test_subword_sampling_resegments_the_same_pairs(corpus, toy_tokenizer, toy_c
     assert decoded > 12
 
 
+@pytest.mark.parametrize("alpha, rereads", [(0.0, False), (0.1, True)],
+                         ids=["one-segmentation-cached", "sampled-each-epoch"])
+def test_the_file_is_tokenised_once_unless_subwords_are_sampled(tmp_path, toy_tokenizer,
+                                                                toy_config, alpha, rereads):
+    # With one segmentation the first epoch's examples are kept in memory: a file changed
+    # after it does not reach training. Sampling segments every epoch anew from the file.
+    path = _write_tsv(tmp_path / "train.tsv", [("I love you.", "Te amo.")] * 40)
+    data = dataclasses.replace(toy_config.data, subword_alpha=alpha, shuffle_buffer=1000,
+                               token_budget=64, bucket_boundaries=(8, 16))
+    batches = iter(make_train_dataset(path, toy_tokenizer, data, seed=0))
+    next(batches)  # the whole file is in the shuffle buffer (1000 >= 40 lines) ...
+    _write_tsv(path, [("Jesus wept.", "Jesús lloró.")] * 40)  # ... before this
+    sources = set()
+    for _ in range(600):  # 120 epochs: far past what tokenising 256 lines at a time reads ahead
+        features, _ = next(batches)
+        ids = tf.ragged.boolean_mask(features["encoder_token_ids"],
+                                     features["encoder_padding_mask"])
+        sources.update(t.decode() for t in toy_tokenizer.detokenize(ids).numpy())
+        if "Jesus wept." in sources:
+            break
+    assert ("Jesus wept." in sources) == rereads
+    assert "I love you." in sources
+
+
 def test_train_epochs_cover_the_corpus(corpus, toy_tokenizer, toy_config):
     # Every pair that passes the length filter shows up (rare buckets fill after a few epochs);
     # longer ones never do.

@@ -2,9 +2,13 @@
 
 Training::
 
-    lines -> seeded shuffle -> repeat -> tokenise (batched, parallel) -> length filter
+    lines -> tokenise (batched, parallel) -> length filter -> cache (tokenised once)
+          -> seeded shuffle -> repeat
           -> 2-D length buckets, token budget per batch, pad to the bucket boundaries
           -> seeded batch shuffle -> prefetch
+
+(With subword sampling, ``data.subword_alpha`` > 0, nothing is cached: the lines are shuffled
+and repeated first, and every epoch segments them anew.)
 
 Before that pipeline is built, :func:`length_filter_counts` tokenises the file(s) once (no
 repeat) and counts what the length filter keeps and drops; when it keeps nothing,
@@ -366,6 +370,26 @@ def _options() -> tf.data.Options:
     return options
 
 
+def _shuffled_examples(lines: tf.data.Dataset, tokenizer: SubwordTokenizer,
+                       data_cfg: DataConfig, seed: int) -> tf.data.Dataset:
+    """Lines -> an endless, seeded, reshuffled-each-epoch stream of unpadded examples.
+
+    With one segmentation (``subword_alpha`` 0) the file is tokenised once, in the first
+    epoch, and its examples are kept in memory (``cache``): on a 2-core CPU tokenising every
+    epoch again took 5-10% of each training step from the model (docs/RECIPE.md,
+    "Throughput"). With subword sampling every epoch must segment anew, so the lines are
+    shuffled and tokenised each epoch.
+    """
+    shuffle_buffer = max(1, data_cfg.shuffle_buffer)
+    featurize = featurize_pairs(tokenizer, data_cfg.subword_alpha, data_cfg.subword_nbest)
+    if data_cfg.subword_alpha:
+        # Shuffle lines (cheap strings) before tokenising; reshuffled each epoch, seeded.
+        dataset = lines.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        return dataset.repeat().apply(featurize).apply(filter_by_length(data_cfg.max_length))
+    dataset = lines.apply(featurize).apply(filter_by_length(data_cfg.max_length)).cache()
+    return dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+
+
 def make_train_dataset(path_or_paths: PathLike | Sequence[PathLike],
                        tokenizer: SubwordTokenizer, data_cfg: DataConfig,
                        seed: int | None = None,
@@ -401,14 +425,7 @@ def make_train_dataset(path_or_paths: PathLike | Sequence[PathLike],
               else length_counts)
     if not counts["kept"]:  # else repeat() + filter would look for a first batch forever
         raise _no_pair_fits(counts)
-    dataset = tf.data.TextLineDataset(paths)
-    # Shuffle lines (cheap strings) before tokenising; reshuffled each epoch, seeded.
-    dataset = dataset.shuffle(max(1, data_cfg.shuffle_buffer), seed=seed,
-                              reshuffle_each_iteration=True)
-    dataset = dataset.repeat()
-    dataset = dataset.apply(featurize_pairs(tokenizer, data_cfg.subword_alpha,
-                                            data_cfg.subword_nbest))
-    dataset = dataset.apply(filter_by_length(data_cfg.max_length))
+    dataset = _shuffled_examples(tf.data.TextLineDataset(paths), tokenizer, data_cfg, seed)
     dataset = dataset.apply(batch_by_token_budget(bounds, data_cfg.token_budget,
                                                   tokenizer.pad_id, drop_remainder=True))
     dataset = dataset.shuffle(BATCH_SHUFFLE_BUFFER, seed=seed + 1, reshuffle_each_iteration=True)
