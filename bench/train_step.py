@@ -137,8 +137,7 @@ def matmul_flops_per_s(n=1024, repeats=20):
 
 
 def train_flops(m, vocab, batch, src, tgt):
-    d, f, n = m.hidden_dim, m.intermediate_dim, m.num_layers
-    n_dec = m.num_decoder_layers or n
+    d, f, n, n_dec = m.hidden_dim, m.intermediate_dim, m.num_layers, m.decoder_layers
     enc_dense = n * (4 * d * d + 2 * d * f)
     dec_dense = n_dec * (8 * d * d + 2 * d * f)
     forward = 2 * batch * (src * enc_dense + tgt * dec_dense + tgt * d * vocab)

@@ -123,6 +123,11 @@ class ModelConfig:
     # 0 = as many as num_layers (the paper); fewer: a deep encoder and a shallow decoder.
     num_decoder_layers: int = 0
 
+    @property
+    def decoder_layers(self) -> int:
+        """The decoder's depth, with 0 resolved (``Transformer.num_decoder_layers``)."""
+        return self.num_decoder_layers or self.num_layers
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:

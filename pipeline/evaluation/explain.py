@@ -94,19 +94,13 @@ def _pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [p.decode("utf-8", errors="replace") for p in raw]
 
 
-def _resolve_layer(layer: int, num_layers: int, stack: str = "decoder") -> int:
+def _resolve_layer(layer: int, num_layers: int, stack: str) -> int:
     if not -num_layers <= layer < num_layers:
         noun = "layer" if num_layers == 1 else "layers"
         raise UserInputError(f"Layer {layer} does not exist: the model's {stack} has "
                              f"{num_layers} {noun} (use 0..{num_layers - 1}, or -1 for the "
                              "last).")
     return layer % num_layers
-
-
-def _depths(model: Any) -> tuple[int, int]:
-    """(encoder layers, decoder layers); a model saved before they could differ has one N."""
-    encoder = int(model.num_layers)
-    return encoder, int(getattr(model, "num_decoder_layers", None) or encoder)
 
 
 def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str | Path,
@@ -161,7 +155,7 @@ def explain_translation(model: Any, tokenizer: Any, sentence: str, out_png: str 
     if bool(features.empty.numpy()[0]):
         raise UserInputError(f"Nothing to explain: {sentence!r} has no subwords.")
     ids, mask = features.token_ids, features.padding_mask
-    encoder_depth, decoder_depth = _depths(model)
+    encoder_depth, decoder_depth = int(model.num_layers), int(model.num_decoder_layers)
     layer, encoder_layer = (_resolve_layer(layer, decoder_depth, "decoder"),
                             _resolve_layer(layer, encoder_depth, "encoder"))
 

@@ -193,7 +193,7 @@ def _data_section(cfg: Any, report: Mapping[str, Any] | None) -> list[str]:
 
 def _depth(m: Any) -> str:
     """``"2"`` where the encoder and the decoder have as many layers, else ``"3, 1"``."""
-    decoder = m.num_decoder_layers or m.num_layers
+    decoder = m.decoder_layers
     return str(m.num_layers) if decoder == m.num_layers else f"{m.num_layers}, {decoder}"
 
 
