@@ -149,6 +149,9 @@ class TrainConfig:
     decay_shape: str = "linear"
     # budget: the warm-up also ends after this share of the run (0 = warmup_steps only).
     warmup_fraction: float = 0.0
+    # The share of the run (of train.steps, or of train.max_minutes if further along) trained
+    # without dropout before model.dropout (and attention_dropout) switch on; 0 = from the start.
+    late_dropout: float = 0.0
     beta_1: float = 0.9
     beta_2: float = 0.98
     epsilon: float = 1e-9
@@ -357,6 +360,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("train", "warmup_steps"): _AT_LEAST_1,
     ("train", "learning_rate_scale"): _POSITIVE,
     ("train", "decay_fraction"): _Bound(0.0, 1.0, low_open=True),
+    ("train", "late_dropout"): _PROBABILITY,
     ("train", "warmup_fraction"): _Bound(0.0, 1.0, high_open=True),
     ("train", "beta_1"): _PROBABILITY,
     ("train", "beta_2"): _PROBABILITY,

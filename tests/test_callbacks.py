@@ -95,6 +95,76 @@ def test_budget_stops_at_the_step_budget_and_at_the_time_budget():
     assert cb.current_step(model) == 1 and budget.reason == "time"
 
 
+def _frozen_weights_dropout_model(rate: float) -> keras.Model:
+    """A model whose training loss varies only through its dropout (learning rate 0)."""
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(8, kernel_initializer="ones", name="dense"),
+        keras.layers.Dropout(rate, seed=1, name="dropout"),
+        keras.layers.Dense(1, kernel_initializer="ones", name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    return model
+
+
+def _batch_losses(model, steps: int, callbacks) -> list[float]:
+    losses = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            losses.append(float(logs["loss"]))  # one batch an epoch: the batch's own loss
+
+    _fit(model, steps, [*callbacks, Record()], steps_per_epoch=1)
+    return losses
+
+
+def test_late_dropout_trains_without_dropout_for_its_share_of_the_steps_then_with_it():
+    model = _frozen_weights_dropout_model(0.5)
+    stream = io.StringIO()
+    late = cb.LateDropout(0.4, max_steps=10, stream=stream)
+    losses = _batch_losses(model, 10, [late])
+    # Steps 1-4 (40% of 10) without dropout: the same loss each time, that of no dropout
+    # (all-ones weights: 3 * 8 = 24 from ones, squared). From step 5 dropout changes it.
+    assert losses[:4] == [576.0] * 4
+    assert len(set(losses[4:])) > 1 and all(loss != 576.0 for loss in losses[4:])
+    assert late.enabled_at == 4
+    assert stream.getvalue() == "step 4: dropout on (0.5) after 0.4 of the run.\n"
+    assert model.get_layer("dropout").rate == 0.5
+
+
+def test_late_dropout_counts_the_time_budget_when_it_is_further_along():
+    class Clock(cb.TrainingClock):
+        def __init__(self):
+            super().__init__()
+            self.now = 0.0
+
+        def elapsed(self):
+            return self.now
+
+    clock = Clock()
+
+    class Tick(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            clock.now += 20.0  # each step: 20 s of a 2-minute budget (1/6)
+
+    late = cb.LateDropout(0.3, max_steps=100, max_minutes=2.0, clock=clock,
+                          stream=io.StringIO())
+    losses = _batch_losses(_frozen_weights_dropout_model(0.5), 6, [late, Tick()])
+    # 2 steps = 40 s = 1/3 of the budget >= 0.3: on from the third step (steps alone: the 31st).
+    assert late.enabled_at == 2 and losses[:2] == [576.0] * 2 and 576.0 not in losses[2:]
+
+
+def test_late_dropout_that_never_switched_leaves_the_model_with_its_rates():
+    model = _frozen_weights_dropout_model(0.5)
+    late = cb.LateDropout(0.9, max_steps=100, stream=io.StringIO())
+    assert _batch_losses(model, 3, [late]) == [576.0] * 3
+    assert late.enabled_at is None and model.get_layer("dropout").rate == 0.5
+    # The next fit, without the callback, trains with dropout: the train step was rebuilt.
+    assert 576.0 not in _batch_losses(model, 3, [])
+    # A run resumed past the share has dropout from its first step.
+    late = cb.LateDropout(0.01, max_steps=100, stream=io.StringIO())
+    assert 576.0 not in _batch_losses(model, 2, [late]) and late.enabled_at is None
+
+
 class _ScriptedTranslator:
     """Returns scripted hypotheses: perfect, then worse and worse (a degrading model)."""
 

@@ -30,6 +30,8 @@ backend's tf.Variable (TensorFlow backend)
 ``seed_generator_state`` variable paths             pipeline/training/checkpoints.py:
                                                     _seed_generator_states; averaging.py:
                                                     average_weight_files
+``Layer._flatten_layers()`` (every nested layer,     pipeline/training/callbacks.py:
+the Dropout layers inside custom layers too)        LateDropout
 ``BackupAndRestore._weights_path``, its file names  pipeline/training/checkpoints.py:
 (``latest.weights.h5``, ``training_metadata.json``  ResumableBackup, restored_epoch
 with ``epoch``, ``.bkp``) and its constructor
@@ -452,3 +454,28 @@ def test_installed_keras_is_in_the_tested_range():
         f"Keras {keras.__version__} is outside {TESTED}, the range this file has passed on: if "
         "every test above passes, widen TESTED and the pin in pyproject.toml; otherwise update "
         "the modules named in the failures")
+
+
+# --------------------------------------------------------------------------------------------
+# Layer._flatten_layers: the Dropout layers inside nested custom layers
+# --------------------------------------------------------------------------------------------
+
+def test_flatten_layers_reaches_dropout_layers_nested_in_custom_layers():
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dropout(0.3, name="inner_dropout")
+
+        def call(self, x, training=None):
+            return self.inner(x, training=training)
+
+    model = keras.Sequential([keras.Input((4,)), Block(name="block"),
+                              keras.layers.Dropout(0.2, name="outer_dropout")])
+    flatten = getattr(model, "_flatten_layers", None)
+    assert callable(flatten), _msg("Layer._flatten_layers is gone",
+                                   "aiayn.pipeline.training.callbacks:LateDropout",
+                                   "pipeline/training/callbacks.py")
+    names = sorted(layer.name for layer in flatten() if isinstance(layer, keras.layers.Dropout))
+    assert names == ["inner_dropout", "outer_dropout"], _msg(
+        f"Layer._flatten_layers() found the Dropout layers {names}, not the nested one too",
+        "aiayn.pipeline.training.callbacks:LateDropout", "pipeline/training/callbacks.py")

@@ -202,6 +202,69 @@ class BudgetProgress(keras.callbacks.Callback):
         self.variable.assign(min(1.0, self.clock.elapsed() / self.max_seconds))
 
 
+class LateDropout(keras.callbacks.Callback):
+    """Trains without dropout for the first ``share`` of the run, then at the model's rates.
+
+    "Late dropout" (Liu et al., 2023, *Dropout Reduces Underfitting*): a model that would fit
+    its data by the end of the run learns faster early without dropout and is regularised
+    once it starts to fit. The run's share counts steps (``max_steps``) and, with a time
+    budget, the training clock: whichever is further along, as the run ends at whichever
+    comes first. Keras reads a ``Dropout``'s rate when it traces the train step, so each
+    switch rebuilds ``model.train_function`` (one retrace). Every ``Dropout`` layer of the
+    model with a rate above 0 is switched (``Layer._flatten_layers``, a private API:
+    tests/test_keras_private_api.py); the rates are the model's again when ``fit`` ends.
+
+    Attributes:
+      enabled_at: the step at which dropout was switched on in this ``fit`` (``None``:
+        still off, or on from the start because a resumed run was past the share).
+    """
+
+    def __init__(self, share: float, max_steps: int, max_minutes: float = 0.0,
+                 clock: TrainingClock | None = None, stream=None):
+        super().__init__()
+        self.share = float(share)
+        self.max_steps = int(max_steps)
+        self.max_seconds = float(max_minutes) * 60.0
+        self.clock = clock or TrainingClock()
+        self.stream = stream or sys.stdout
+        self.enabled_at: int | None = None
+        self._rates: list[tuple[keras.layers.Dropout, float]] = []
+        self._off = False
+
+    def spent(self) -> float:
+        """The share of the run done: of its steps, or of its time budget if further."""
+        spent = current_step(self.model) / self.max_steps
+        if self.max_seconds:
+            spent = max(spent, self.clock.elapsed() / self.max_seconds)
+        return spent
+
+    def on_train_begin(self, logs=None):
+        self.enabled_at, self._off = None, False
+        self._rates = [(layer, layer.rate) for layer in self.model._flatten_layers()
+                       if isinstance(layer, keras.layers.Dropout) and layer.rate > 0]
+        if self._rates and self.spent() < self.share:
+            self._switch(off=True)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._off and self.spent() >= self.share:
+            self._switch(off=False)
+            self.enabled_at = current_step(self.model)
+            rates = sorted({rate for _, rate in self._rates})
+            self.stream.write(f"step {self.enabled_at}: dropout on ({', '.join(map(str, rates))}) "
+                              f"after {self.share:g} of the run.\n")
+            self.stream.flush()
+
+    def on_train_end(self, logs=None):
+        if self._off:  # a run that stopped before the switch: the next fit traces anew
+            self._switch(off=False)
+
+    def _switch(self, off: bool) -> None:
+        for layer, rate in self._rates:
+            layer.rate = 0.0 if off else rate
+        self._off = off
+        self.model.make_train_function(force=True)
+
+
 class DivergenceGuard(keras.callbacks.TerminateOnNaN):
     """Stops training at the first non-finite (NaN or inf) loss and records where.
 

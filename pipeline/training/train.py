@@ -238,6 +238,7 @@ class _Session:
         self.clock = cb.TrainingClock()
         self.budget = cb.Budget(t.steps, t.max_minutes, self.clock)
         self.budget_progress = self._budget_progress()
+        self.late_dropout = self._late_dropout()
         self.guard = cb.DivergenceGuard(stream)
         self.stopper = cb.SignalStop()
         self.pairs = (dev_sample(cfg, t.eval_max_sentences)
@@ -260,6 +261,19 @@ class _Session:
                 "rate). Set train.max_minutes=0 and end the run by train.steps, or use "
                 "train.lr_schedule=rsqrt.")
         return cb.BudgetProgress(variable, t.max_minutes, self.clock)
+
+    def _late_dropout(self) -> cb.LateDropout | None:
+        """Dropout off for the run's first ``train.late_dropout`` share, or None."""
+        t = self.cfg.train
+        if not t.late_dropout:
+            return None
+        if t.max_minutes and isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise UserInputError(
+                f"train.late_dropout={t.late_dropout:g} with train.max_minutes cannot run on "
+                "several workers (each worker's clock would switch dropout on at a different "
+                "step, and each switch retraces the step's collectives). Set "
+                "train.max_minutes=0 and end the run by train.steps, or train.late_dropout=0.")
+        return cb.LateDropout(t.late_dropout, t.steps, t.max_minutes, self.clock, self.stream)
 
     def _metrics_dir(self) -> Path | None:
         return self.files.tensorboard / "metrics" if self.chief else None
@@ -296,6 +310,7 @@ class _Session:
                                         stream=self.stream),
             self.guard, self.stopper, self.budget,
             *([self.budget_progress] if self.budget_progress else []),
+            *([self.late_dropout] if self.late_dropout else []),
             checkpoints.StepCheckpoints(self.files.checkpoints, t.checkpoint_every,
                                         t.keep_checkpoints, write=self.chief,
                                         skip_if=self._stopping),
@@ -458,6 +473,8 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
         "parameters": n_params,
         "run_dir": str(s.files.root),
     }
+    if s.late_dropout is not None and s.late_dropout.enabled_at is not None:
+        summary["dropout_from_step"] = s.late_dropout.enabled_at
     if s.evaluator is not None:
         summary["dev_history"] = s.evaluator.results
     if end_state in FINISHED:
