@@ -44,6 +44,7 @@ import math
 import keras
 from keras import ops
 
+from aiayn.models.dropout import Dropout
 from aiayn.models.masks import mask_value, update_at
 
 
@@ -112,8 +113,7 @@ class MultiHeadAttention(keras.layers.Layer):
             self.query_dense = keras.layers.Dense(hidden_dim, name="query", **dense)
             self.key_value_dense = keras.layers.Dense(2 * hidden_dim, name="key_value", **dense)
         self.output_dense = keras.layers.Dense(hidden_dim, name="output", **dense)
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy,
-                                                  name="attention_dropout")
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy, name="attention_dropout")
 
     def build(self, query_shape=None, value_shape=None):
         width = (None, None, self.hidden_dim)

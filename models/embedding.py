@@ -7,6 +7,8 @@ import math
 import keras
 from keras import ops
 
+from aiayn.models.dropout import Dropout
+
 
 def sinusoidal_table(length, dim, start=0, dtype="float32"):
     """The paper's positional encoding (§3.5), sine on even dimensions, cosine on odd ones.
@@ -82,7 +84,7 @@ class TransformerEmbedding(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="token_embedding",
         )
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="dropout")
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy, name="dropout")
         self._scale = math.sqrt(hidden_dim)
 
     def build(self, input_shape=None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from aiayn.models.attention import MultiHeadAttention
+from aiayn.models.dropout import Dropout
 from aiayn.models.feedforward import FeedForward
 from aiayn.models.layer_norm import LayerNorm
 from aiayn.models.masks import self_attention_mask
@@ -69,13 +70,11 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.self_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
                                                  self_attention=True, dtype=dt,
                                                  name="self_attention")
-        self.self_attention_dropout = keras.layers.Dropout(dropout, dtype=dt,
-                                                           name="self_attention_dropout")
+        self.self_attention_dropout = Dropout(dropout, dtype=dt, name="self_attention_dropout")
         self.self_attention_norm = _norm("self_attention_norm", layer_norm_epsilon, dt)
         self.feed_forward = FeedForward(hidden_dim, intermediate_dim, dtype=dt,
                                         name="feed_forward")
-        self.feed_forward_dropout = keras.layers.Dropout(dropout, dtype=dt,
-                                                         name="feed_forward_dropout")
+        self.feed_forward_dropout = Dropout(dropout, dtype=dt, name="feed_forward_dropout")
         self.feed_forward_norm = _norm("feed_forward_norm", layer_norm_epsilon, dt)
 
     def build(self, input_shape=None):

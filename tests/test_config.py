@@ -151,6 +151,7 @@ BAD_VALUES = [
      "a finite number in [0, 1)"),
     ("train.label_smoothing=1", "train.label_smoothing", "1", "a finite number in [0, 1)"),
     ("train.beta_1=1", "train.beta_1", "1", "a finite number in [0, 1)"),
+    ("train.late_dropout=1", "train.late_dropout", "1", "a finite number in [0, 1)"),
     ("train.beta_2=-0.5", "train.beta_2", "-0.5", "a finite number in [0, 1)"),
     # other float ranges
     ("train.learning_rate_scale=0", "train.learning_rate_scale", "0", "a finite number > 0"),

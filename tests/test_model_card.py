@@ -201,3 +201,16 @@ def test_card_gives_each_stack_its_depth(run_cfg, depths, expected):
     cfg = dataclasses.replace(run_cfg, model=dataclasses.replace(
         run_cfg.model, num_layers=depths[0], num_decoder_layers=depths[1]))
     assert expected in write_model_card(cfg)
+
+
+@pytest.mark.parametrize("rate, late, expected", [
+    (0.2, 0.0, "| dropout P_drop | 0.2 |"),
+    (0.2, 0.25, "| dropout P_drop | 0.2 (from 0.25 of the run; none before) |"),
+    (0.0, 0.25, "| dropout P_drop | 0 |")])
+def test_card_says_when_dropout_started(run_cfg, rate, late, expected):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    cfg = dataclasses.replace(
+        run_cfg, model=dataclasses.replace(run_cfg.model, dropout=rate),
+        train=dataclasses.replace(run_cfg.train, late_dropout=late))
+    assert expected in write_model_card(cfg)

@@ -197,6 +197,12 @@ def _depth(m: Any) -> str:
     return str(m.num_layers) if decoder == m.num_layers else f"{m.num_layers}, {decoder}"
 
 
+def _dropout(cfg: Any) -> str:
+    """``"0.2"``, or ``"0.2 (from 0.25 of the run; none before)"`` with late dropout."""
+    rate, late = cfg.model.dropout, cfg.train.late_dropout
+    return f"{rate:g} (from {late:g} of the run; none before)" if late and rate else f"{rate:g}"
+
+
 def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None) -> list[str]:
     m = cfg.model
     rows = [("preset", f"`{cfg.preset or 'none'}`"),
@@ -206,7 +212,7 @@ def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None
                                 if m.tie_embeddings else "")),
             ("layers N (encoder, decoder)", _depth(m)), ("d_model", m.hidden_dim),
             ("d_ff", m.intermediate_dim), ("heads h", m.num_heads),
-            ("dropout P_drop", m.dropout), ("max positions", m.max_position)]
+            ("dropout P_drop", _dropout(cfg)), ("max positions", m.max_position)]
     if vocabulary_size:
         rows.append(("vocabulary (joint)", vocabulary_size))
     rows.append(("parameters", f"{parameters:,} ({parameters / 1e6:.3g} M)"
