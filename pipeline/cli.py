@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,13 +58,29 @@ def _print_result(result: Any) -> None:
 def _cmd_run(args, cfg):
     from aiayn.pipeline.run import run_all
 
-    return run_all(cfg, stages=args.stages)
+    return run_all(cfg, stages=args.stages, started_at=args.started_at)
+
+
+def _unix_time(text: str) -> float:
+    """``--started-at``: seconds since the epoch (``date +%s``), finite and not in the future."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value > time.time() + 60.0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a start time: give seconds since the epoch, as `date +%s` prints "
+            "them, no later than now.")
+    return value
 
 
 def _args_run(p):
     p.add_argument("--stages", default="data,vocab,train,evaluate,export",
                    help="Comma-separated stages to run in order "
                         "(default: data,vocab,train,evaluate,export).")
+    p.add_argument("--started-at", type=_unix_time, default=None, metavar="UNIX_SECONDS",
+                   help="When the job began (`date +%%s`), from which train.deadline_minutes "
+                        "counts: `make train` passes the start of its set-up. Default: now.")
 
 
 RUN_COMMANDS = {

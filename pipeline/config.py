@@ -136,6 +136,10 @@ class TrainConfig:
     run_dir: str = "runs/default"
     steps: int = 100000
     max_minutes: float = 0.0  # 0 = no time budget
+    # The whole job (`aiayn run`; `make train` from the start of its set-up) ends within this
+    # many minutes: the time budget is what is left after the stages before training and a
+    # reserve, timed on the machine, for those after it; train.max_minutes bounds it (0 = none).
+    deadline_minutes: float = 0.0
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
     # rsqrt: the paper's inverse square root (models.schedule.TransformerSchedule); budget:
@@ -357,6 +361,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("model", "layer_norm_epsilon"): _POSITIVE,
     ("train", "steps"): _AT_LEAST_1,
     ("train", "max_minutes"): _Bound(0.0, zero="no time budget"),
+    ("train", "deadline_minutes"): _Bound(0.0, zero="no deadline"),
     ("train", "warmup_steps"): _AT_LEAST_1,
     ("train", "learning_rate_scale"): _POSITIVE,
     ("train", "decay_fraction"): _Bound(0.0, 1.0, low_open=True),

@@ -37,12 +37,15 @@ def _parse_stages(stages: str | Sequence[str]) -> list[str]:
     return names
 
 
-def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dict[str, Any]:
+def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES,
+            started_at: float | None = None) -> dict[str, Any]:
     """Runs the selected stages in order and writes `<run_dir>/summary.json`.
 
     Args:
       cfg: the resolved configuration.
       stages: names from `STAGES`, in the order to run (a comma-separated string or a list).
+      started_at: ``time.time()`` at which the job began (default: now), from which
+        ``train.deadline_minutes`` counts; ``make train`` passes the start of its set-up.
 
     Returns:
       The summary dict (also printed as a table and written to the run directory).
@@ -52,6 +55,7 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
     """
     names = _parse_stages(stages)
     start = time.time()
+    job_start = start if started_at is None else min(started_at, start)
     summary: dict[str, Any] = {"preset": cfg.preset, "stages": names,
                                "host": f"{platform.node()}: {host_description()}"}
     run_dir = Path(cfg.train.run_dir)
@@ -69,7 +73,7 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
             summary["vocab"] = str(train_vocab(cfg))
         elif name == "train":
             from aiayn.pipeline.training.train import train
-            summary["train"] = train(cfg)
+            summary["train"] = train(cfg, started_at=job_start)
             summary["curves"] = _plot_curves(run_dir)
         elif name == "evaluate":
             from aiayn.pipeline.evaluation.evaluate import evaluate_run
@@ -82,6 +86,8 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES) -> dic
         print(f"--- {name} done in {time.time() - stage_start:.0f} s", flush=True)
 
     summary["wall_seconds"] = round(time.time() - start, 1)
+    if job_start < start:
+        summary["job_seconds"] = round(time.time() - job_start, 1)
     _write_json(run_dir / "summary.json", summary)
     print_summary(summary)
     return {"summary": str(run_dir / "summary.json")}
@@ -118,7 +124,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     rows = [
         ("preset", summary.get("preset")),
         ("wall time", f"{summary.get('wall_seconds', 0) / 60:.1f} min "
-                      f"(stages: {summary.get('stage_seconds')})"),
+                      f"(stages: {summary.get('stage_seconds')})"
+                      + (f"; {summary['job_seconds'] / 60:.1f} min since the job began"
+                         if "job_seconds" in summary else "")),
         ("host", summary.get("host")),
     ]
     if train:

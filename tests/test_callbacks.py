@@ -90,7 +90,7 @@ def test_budget_stops_at_the_step_budget_and_at_the_time_budget():
             return 61.0
 
     model = _dense_model()
-    budget = cb.Budget(max_steps=50, max_minutes=1.0, clock=FrozenClock())
+    budget = cb.Budget(max_steps=50, clock=FrozenClock(budget_minutes=1.0))
     _fit(model, 50, [budget], steps_per_epoch=10)
     assert cb.current_step(model) == 1 and budget.reason == "time"
 
@@ -134,7 +134,7 @@ def test_late_dropout_trains_without_dropout_for_its_share_of_the_steps_then_wit
 def test_late_dropout_counts_the_time_budget_when_it_is_further_along():
     class Clock(cb.TrainingClock):
         def __init__(self):
-            super().__init__()
+            super().__init__(budget_minutes=2.0)
             self.now = 0.0
 
         def elapsed(self):
@@ -146,8 +146,7 @@ def test_late_dropout_counts_the_time_budget_when_it_is_further_along():
         def on_train_batch_end(self, batch, logs=None):
             clock.now += 20.0  # each step: 20 s of a 2-minute budget (1/6)
 
-    late = cb.LateDropout(0.3, max_steps=100, max_minutes=2.0, clock=clock,
-                          stream=io.StringIO())
+    late = cb.LateDropout(0.3, max_steps=100, clock=clock, stream=io.StringIO())
     losses = _batch_losses(_frozen_weights_dropout_model(0.5), 6, [late, Tick()])
     # 2 steps = 40 s = 1/3 of the budget >= 0.3: on from the third step (steps alone: the 31st).
     assert late.enabled_at == 2 and losses[:2] == [576.0] * 2 and 576.0 not in losses[2:]
@@ -184,7 +183,7 @@ class _ScriptedTranslator:
 def test_budget_progress_feeds_the_spent_share_of_the_time_budget():
     class Clock(cb.TrainingClock):
         def __init__(self):
-            super().__init__()
+            super().__init__(budget_minutes=2.0)
             self.now = 0.0
 
         def elapsed(self):
@@ -198,7 +197,7 @@ def test_budget_progress_feeds_the_spent_share_of_the_time_budget():
         def on_train_batch_begin(self, batch, logs=None):
             seen.append(float(keras.ops.convert_to_numpy(variable)))
 
-    progress = cb.BudgetProgress(variable, max_minutes=2.0, clock=Clock())
+    progress = cb.BudgetProgress(variable, clock=Clock())
     _fit(_dense_model(), 6, [progress, Record()])
     assert seen == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
@@ -301,9 +300,8 @@ def test_target_tokens_counts_real_tokens_and_progress_reports_tokens_per_second
     model = _dense_model()
     stream = io.StringIO()
     history = cb.RunHistory(tmp_path)
-    clock = cb.TrainingClock()
-    progress = cb.ProgressLogger(6, history, clock, max_minutes=1.0, log_every=2, every_s=0.0,
-                                 stream=stream)
+    clock = cb.TrainingClock(budget_minutes=1.0)
+    progress = cb.ProgressLogger(6, history, clock, log_every=2, every_s=0.0, stream=stream)
 
     class FakeTokens(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

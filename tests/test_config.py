@@ -141,6 +141,8 @@ BAD_VALUES = [
     ("train.max_minutes=-5", "train.max_minutes", "-5",
      "a finite number >= 0 (0 = no time budget)"),
     ("train.clipnorm=-1", "train.clipnorm", "-1", "a finite number >= 0 (0 = no clipping)"),
+    ("train.deadline_minutes=-45", "train.deadline_minutes", "-45",
+     "a finite number >= 0 (0 = no deadline)"),
     # seeds
     ("data.seed=-1", "data.seed", "-1", "an integer in [0, 4294967295]"),
     ("train.seed=4294967296", "train.seed", "4294967296", "an integer in [0, 4294967295]"),

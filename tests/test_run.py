@@ -56,3 +56,26 @@ def test_help_lists_every_stage(capsys):
     for command in ("data", "vocab", "train", "evaluate", "export", "run", "serve", "translate",
                     "verify"):
         assert command in out
+
+
+@pytest.mark.parametrize("value", ["soon", "nan", "inf", "99999999999"])
+def test_run_refuses_a_start_time_that_is_not_one(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--preset", "tiny", "--started-at", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"argument --started-at: {value!r} is not a start time: give seconds since the "
+            "epoch, as `date +%s` prints them, no later than now.") in err
+    assert "Traceback" not in err
+
+
+def test_the_job_time_counts_from_the_given_start(tmp_path, toy_pairs):
+    import time
+
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_text("".join(f"{s}\t{t}\n" for s, t in toy_pairs * 3), encoding="utf-8")
+    cfg = load_config(["tiny"], [f"data.corpus={corpus}", f"data.data_dir={tmp_path / 'data'}",
+                                 "data.heldout_size=4", f"train.run_dir={tmp_path / 'run'}"])
+    run_all(cfg, stages="data", started_at=time.time() - 120.0)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["job_seconds"] >= 120.0 > summary["wall_seconds"]

@@ -117,6 +117,7 @@ def test_tiny_run_trains_and_writes_the_run_directory(tiny_run):
     run_dir = Path(run_dir)
     assert summary["steps"] == 20 and summary["stop_reason"] == "steps"
     assert summary["end_state"] == "complete"
+    assert summary["time_budget_seconds"] == 0.0
     state = json.loads((run_dir / "train_state.json").read_text())
     assert state["status"] == "complete" and state["summary"]["end_state"] == "complete"
     assert (run_dir / "train.lock").read_text() == "", "the lock is released, naming nobody"

@@ -4,7 +4,9 @@
     recipe.py      Adam + the §5.3 schedule, label-smoothed loss, compile (Keras workarounds)
     fused_adam.py  Keras's Adam with each variable's update in TensorFlow's fused kernel
     callbacks.py   time/step budgets, the non-finite-loss guard, the SIGTERM stop, progress,
-                   history, the target-token metric
+                   history, the target-token metric, late dropout
+    deadline.py    the whole job's deadline: the time budget is what it leaves after a reserve
+                   for the stages after training, timed by the dev evaluations
     dev_bleu.py    dev BLEU during training: the best weights, early stopping
     checkpoints.py step checkpoints and the resumable backup (crash-safe, repaired on start)
     averaging.py   checkpoint averaging and the choice of final.weights.h5 on dev

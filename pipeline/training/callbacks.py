@@ -140,11 +140,15 @@ class RunHistory:
 
 
 class TrainingClock:
-    """Seconds spent training across restarts (the time budget counts all attempts)."""
+    """Seconds spent training across restarts (the time budget counts all attempts), and the
+    time budget they count against: ``budget_seconds`` (0: none). The callbacks that end the
+    run, decay the rate or switch dropout on by the clock all read the budget here, so a
+    :class:`Deadline` that moves it early in the run moves them together."""
 
-    def __init__(self):
+    def __init__(self, budget_minutes: float = 0.0):
         self._before = 0.0
         self._start = time.monotonic()
+        self.budget_seconds = float(budget_minutes) * 60.0
 
     def restore(self, elapsed_before: float) -> None:
         self._before = float(elapsed_before)
@@ -155,20 +159,22 @@ class TrainingClock:
     def elapsed(self) -> float:
         return self._before + time.monotonic() - self._start
 
+    def share(self) -> float:
+        """The spent share of the time budget (not capped at 1); 0 without a budget."""
+        return self.elapsed() / self.budget_seconds if self.budget_seconds else 0.0
+
 
 class Budget(keras.callbacks.Callback):
-    """Stops training cleanly at ``max_steps`` optimizer steps or after ``max_minutes``.
+    """Stops training cleanly at ``max_steps`` optimizer steps or at the clock's time budget.
 
     The time budget counts the training clock (all attempts of this run). Stopping sets
     ``model.stop_training``; ``fit`` returns normally and the pipeline proceeds. ``reason``
     says why it stopped (``"steps"``, ``"time"`` or ``None``).
     """
 
-    def __init__(self, max_steps: int, max_minutes: float = 0.0,
-                 clock: TrainingClock | None = None):
+    def __init__(self, max_steps: int, clock: TrainingClock | None = None):
         super().__init__()
         self.max_steps = int(max_steps)
-        self.max_seconds = float(max_minutes) * 60.0
         self.clock = clock or TrainingClock()
         self.reason: str | None = None
 
@@ -181,7 +187,7 @@ class Budget(keras.callbacks.Callback):
         if current_step(self.model) >= self.max_steps:
             self.reason = "steps"
             self.model.stop_training = True
-        elif self.max_seconds and self.clock.elapsed() >= self.max_seconds:
+        elif self.clock.budget_seconds and self.clock.share() >= 1.0:
             self.reason = "time"
             self.model.stop_training = True
 
@@ -192,14 +198,13 @@ class BudgetProgress(keras.callbacks.Callback):
     knows where the run is. The clock counts all attempts of the run, so a resumed run
     continues the decay where it stopped."""
 
-    def __init__(self, variable, max_minutes: float, clock: TrainingClock):
+    def __init__(self, variable, clock: TrainingClock):
         super().__init__()
         self.variable = variable
-        self.max_seconds = float(max_minutes) * 60.0
         self.clock = clock
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.variable.assign(min(1.0, self.clock.elapsed() / self.max_seconds))
+        self.variable.assign(min(1.0, self.clock.share()))
 
 
 class LateDropout(keras.callbacks.Callback):
@@ -208,8 +213,8 @@ class LateDropout(keras.callbacks.Callback):
     "Late dropout" (Liu et al., 2023, *Dropout Reduces Underfitting*): a model that would fit
     its data by the end of the run learns faster early without dropout and is regularised
     once it starts to fit. The run's share counts steps (``max_steps``) and, with a time
-    budget, the training clock: whichever is further along, as the run ends at whichever
-    comes first. Keras reads a ``Dropout``'s rate when it traces the train step, so each
+    budget, the training clock's share of it: whichever is further along, as the run ends at
+    whichever comes first. Keras reads a ``Dropout``'s rate when it traces the train step, so each
     switch rebuilds ``model.train_function`` (one retrace). Every ``Dropout`` layer of the
     model with a rate above 0 is switched (``Layer._flatten_layers``, a private API:
     tests/test_keras_private_api.py); the rates are the model's again when ``fit`` ends.
@@ -219,12 +224,11 @@ class LateDropout(keras.callbacks.Callback):
         still off, or on from the start because a resumed run was past the share).
     """
 
-    def __init__(self, share: float, max_steps: int, max_minutes: float = 0.0,
-                 clock: TrainingClock | None = None, stream=None):
+    def __init__(self, share: float, max_steps: int, clock: TrainingClock | None = None,
+                 stream=None):
         super().__init__()
         self.share = float(share)
         self.max_steps = int(max_steps)
-        self.max_seconds = float(max_minutes) * 60.0
         self.clock = clock or TrainingClock()
         self.stream = stream or sys.stdout
         self.enabled_at: int | None = None
@@ -233,10 +237,7 @@ class LateDropout(keras.callbacks.Callback):
 
     def spent(self) -> float:
         """The share of the run done: of its steps, or of its time budget if further."""
-        spent = current_step(self.model) / self.max_steps
-        if self.max_seconds:
-            spent = max(spent, self.clock.elapsed() / self.max_seconds)
-        return spent
+        return max(current_step(self.model) / self.max_steps, self.clock.share())
 
     def on_train_begin(self, logs=None):
         self.enabled_at, self._off = None, False
@@ -348,13 +349,12 @@ class ProgressLogger(keras.callbacks.Callback):
     """
 
     def __init__(self, total_steps: int, history: RunHistory, clock: TrainingClock,
-                 max_minutes: float = 0.0, log_every: int = 50, every_s: float = 30.0,
+                 log_every: int = 50, every_s: float = 30.0,
                  summary_dir: str | os.PathLike | None = None, stream=None, verbose: bool = True):
         super().__init__()
         self.total_steps = int(total_steps)
         self.history = history
         self.clock = clock
-        self.max_seconds = float(max_minutes) * 60.0
         self.log_every = max(1, int(log_every))
         self.every_s = float(every_s)
         self.summary_dir = summary_dir
@@ -441,7 +441,8 @@ class ProgressLogger(keras.callbacks.Callback):
         session = time.monotonic() - self._session_start
         done = step - self.start_step
         by_steps = (self.total_steps - step) * session / done if done > 0 else float("inf")
-        by_time = (self.max_seconds - self.clock.elapsed()) if self.max_seconds else float("inf")
+        budget = self.clock.budget_seconds
+        by_time = (budget - self.clock.elapsed()) if budget else float("inf")
         return min(by_steps, by_time)
 
     def line(self, step: int, logs: dict) -> str:

@@ -69,6 +69,7 @@ from aiayn.pipeline.training.artifacts import (
     load_tokenizer,
 )
 from aiayn.pipeline.training.averaging import select_final_weights
+from aiayn.pipeline.training.deadline import Deadline
 from aiayn.pipeline.training.dev_bleu import DevEvaluator
 from aiayn.pipeline.training.dev_loss import DevLoss, dev_batches
 from aiayn.pipeline.training.metrics import metric_settings_for
@@ -137,6 +138,15 @@ def _seed_everything(cfg: Config) -> None:
     if cfg.train.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(cfg.train.seed)
+
+
+def _count_lines(path: Path) -> int:
+    """Lines of a prepared split (0 if it is absent)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
 
 
 def _worker_index() -> int:
@@ -213,8 +223,9 @@ def _remove_run_leftovers(files: RunFiles) -> None:
 class _Session:
     """One training session's objects: strategy, model, data, callbacks."""
 
-    def __init__(self, cfg: Config, stream):
+    def __init__(self, cfg: Config, stream, started_at: float):
         self.cfg, self.stream, self.files = cfg, stream, RunFiles.of(cfg)
+        self.started_at = started_at
         self.strategy = distribute.resolve_strategy(cfg.train.distribute)  # first: MWMS
         _seed_everything(cfg)
         self.chief = distribute.is_chief()
@@ -235,8 +246,8 @@ class _Session:
         self.dataset = make_input(cfg, self.tokenizer, self.strategy, self.skip_steps)
         self.history = cb.RunHistory(self.files.root, write=self.chief)
         self.history.truncate(self.skip_steps)
-        self.clock = cb.TrainingClock()
-        self.budget = cb.Budget(t.steps, t.max_minutes, self.clock)
+        self.clock = cb.TrainingClock(t.max_minutes)
+        self.budget = cb.Budget(t.steps, self.clock)
         self.budget_progress = self._budget_progress()
         self.late_dropout = self._late_dropout()
         self.guard = cb.DivergenceGuard(stream)
@@ -244,36 +255,59 @@ class _Session:
         self.pairs = (dev_sample(cfg, t.eval_max_sentences)
                       if t.eval_every > 0 or t.dev_loss_every > 0 else [])
         self.evaluator = None
+        self.deadline = self._deadline()
         self.progress = cb.ProgressLogger(
-            t.steps, self.history, self.clock, max_minutes=t.max_minutes,
+            t.steps, self.history, self.clock,
             log_every=max(1, min(50, t.steps_per_epoch // 5)), every_s=30.0,
             summary_dir=self._metrics_dir(), stream=stream, verbose=self.chief)
 
     def _budget_progress(self) -> cb.BudgetProgress | None:
         """The time budget's share for a learning rate that decays to zero at its end."""
         t, variable = self.cfg.train, time_progress_variable(self.model.optimizer)
-        if variable is None or not t.max_minutes:
+        if variable is None or not self._timed():
             return None
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
             raise UserInputError(
-                f"train.lr_schedule={t.lr_schedule} with train.max_minutes cannot run on several "
+                f"train.lr_schedule={t.lr_schedule} with a time budget cannot run on several "
                 "workers (each worker's clock would give its replicas a different learning "
-                "rate). Set train.max_minutes=0 and end the run by train.steps, or use "
-                "train.lr_schedule=rsqrt.")
-        return cb.BudgetProgress(variable, t.max_minutes, self.clock)
+                "rate). Set train.max_minutes=0 and train.deadline_minutes=0 and end the run by "
+                "train.steps, or use train.lr_schedule=rsqrt.")
+        return cb.BudgetProgress(variable, self.clock)
+
+    def _timed(self) -> bool:
+        """Whether the clock ends the run (train.max_minutes or train.deadline_minutes)."""
+        return bool(self.cfg.train.max_minutes or self.cfg.train.deadline_minutes)
+
+    def _deadline(self) -> Deadline | None:
+        """The budget that ends the whole job by ``train.deadline_minutes``, or None."""
+        t = self.cfg.train
+        if not t.deadline_minutes:
+            return None
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise UserInputError(
+                f"train.deadline_minutes={t.deadline_minutes:g} cannot run on several workers "
+                "(each worker would set its own time budget from its own clock). Set "
+                "train.deadline_minutes=0 and bound the run with train.steps.")
+        after = sum(_count_lines(split_path(self.cfg, split)) for split in ("dev", "test"))
+        return Deadline(self.clock, self.started_at + 60.0 * t.deadline_minutes, after,
+                        len(self.pairs) if t.eval_every > 0 else 0,
+                        lambda: self.evaluator.results if self.evaluator is not None else [],
+                        cap_minutes=t.max_minutes, stream=self.stream)
 
     def _late_dropout(self) -> cb.LateDropout | None:
         """Dropout off for the run's first ``train.late_dropout`` share, or None."""
         t = self.cfg.train
         if not t.late_dropout:
             return None
-        if t.max_minutes and isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        if self._timed() and isinstance(self.strategy,
+                                        tf.distribute.MultiWorkerMirroredStrategy):
             raise UserInputError(
-                f"train.late_dropout={t.late_dropout:g} with train.max_minutes cannot run on "
+                f"train.late_dropout={t.late_dropout:g} with a time budget cannot run on "
                 "several workers (each worker's clock would switch dropout on at a different "
                 "step, and each switch retraces the step's collectives). Set "
-                "train.max_minutes=0 and end the run by train.steps, or train.late_dropout=0.")
-        return cb.LateDropout(t.late_dropout, t.steps, t.max_minutes, self.clock, self.stream)
+                "train.max_minutes=0 and train.deadline_minutes=0 and end the run by "
+                "train.steps, or train.late_dropout=0.")
+        return cb.LateDropout(t.late_dropout, t.steps, self.clock, self.stream)
 
     def _metrics_dir(self) -> Path | None:
         return self.files.tensorboard / "metrics" if self.chief else None
@@ -308,6 +342,7 @@ class _Session:
         callbacks: list[keras.callbacks.Callback] = [
             checkpoints.ResumableBackup(self.backup_dir, self.clock, skip_if=self._stopping,
                                         stream=self.stream),
+            *([self.deadline] if self.deadline else []),
             self.guard, self.stopper, self.budget,
             *([self.budget_progress] if self.budget_progress else []),
             *([self.late_dropout] if self.late_dropout else []),
@@ -336,10 +371,17 @@ class _Session:
             f"{self.jit}; oneDNN {onednn_setting()}; {t.steps} steps x "
             f"{self.cfg.data.token_budget} tokens/replica x "
             f"{t.gradient_accumulation_steps} accumulation; time budget "
-            f"{t.max_minutes or 'none'} min"
+            f"{self._budget_text()}"
             + (f"; resuming from step {self.skip_steps}" if self.skip_steps else "") + "\n")
         self.stream.flush()
         return n_params
+
+    def _budget_text(self) -> str:
+        t = self.cfg.train
+        if not t.deadline_minutes:
+            return f"{t.max_minutes or 'none'} min"
+        return (f"what ends the job {t.deadline_minutes:g} min after it started"
+                + (f", at most {t.max_minutes:g} min" if t.max_minutes else ""))
 
     def end_state(self) -> tuple[str, str]:
         """``(end state, stop reason)`` of the fit that just ended (the mapping: train())."""
@@ -357,7 +399,7 @@ class _Session:
 
 
 def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
-          stream=None) -> dict[str, Any]:
+          stream=None, started_at: float | None = None) -> dict[str, Any]:
     """Trains the Transformer of ``cfg`` on the prepared data; resumes if a backup exists.
 
     One process per run directory: training holds ``<run_dir>/train.lock`` (another worker of
@@ -371,9 +413,10 @@ def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
     - ``complete``, stop_reason ``steps`` (``train.steps`` reached, or all of fit's batches run)
       or ``early_stopping`` (dev BLEU stopped improving): the final weights are chosen, the
       backup deleted. A re-run returns the stored summary.
-    - ``time_budget``, stop_reason ``time``: ``train.max_minutes`` of training (all attempts
-      counted) used up; the final weights are chosen from the checkpoints, as for ``complete``.
-      A re-run returns the stored summary.
+    - ``time_budget``, stop_reason ``time``: the time budget (``train.max_minutes``, or what
+      ``train.deadline_minutes`` leaves: :mod:`~aiayn.pipeline.training.deadline`) of training
+      (all attempts counted) used up; the final weights are chosen from the checkpoints, as
+      for ``complete``. A re-run returns the stored summary.
     - ``diverged``, stop_reason ``nan``: a non-finite (NaN or inf) loss, seen on the loss under
       every precision policy. Nothing from that step on is written (no checkpoint, backup, best
       or final weights); the summary adds ``diverged_at_step``, ``non_finite_loss``,
@@ -390,15 +433,20 @@ def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
       cfg: the run configuration (``data``, ``model``, ``train``, ``decode``).
       extra_callbacks: further Keras callbacks (tests, custom logging).
       stream: where progress lines go (default stdout).
+      started_at: ``time.time()`` at which the job began, from which
+        ``train.deadline_minutes`` counts (default: now; ``aiayn run`` passes its own start,
+        ``make train`` the start of its set-up).
 
     Returns:
       A summary: ``steps``, ``end_state``, ``stop_reason``, ``train_seconds``,
-      ``tokens_per_second`` (real target tokens), ``final_weights``, ``dev_bleu``/``dev_chrf``
-      of the chosen weights, ``averaging`` (the report), the resolved ``strategy``,
-      ``replicas``, ``mixed_precision`` and ``jit_compile``.
+      ``time_budget_seconds`` (0: none), ``tokens_per_second`` (real target tokens),
+      ``final_weights``, ``dev_bleu``/``dev_chrf`` of the chosen weights, ``averaging`` (the
+      report), the resolved ``strategy``, ``replicas``, ``mixed_precision`` and
+      ``jit_compile``.
 
     Raises:
-      UserInputError: missing data or vocabulary, an invalid TF_CONFIG, the run directory in
+      UserInputError: missing data or vocabulary, an invalid TF_CONFIG, a deadline that leaves
+        less than a minute of training, the run directory in
         use by another process (``LockHeld``), or a diverged run (now or before).
       TrainingInterrupted: SIGTERM or Ctrl-C (recorded as ``interrupted``).
     """
@@ -415,7 +463,8 @@ def train(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback] = (),
         if distribute.is_chief():
             _remove_run_leftovers(files)
         with _global_policy_kept():
-            return _train_locked(cfg, extra_callbacks, stream)
+            return _train_locked(cfg, extra_callbacks, stream,
+                                 time.time() if started_at is None else started_at)
 
 
 @contextlib.contextmanager
@@ -444,8 +493,8 @@ def _sigterm_stops(stopper: cb.SignalStop):
 
 
 def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback],
-                  stream) -> dict[str, Any]:
-    s = _Session(cfg, stream)
+                  stream, started_at: float) -> dict[str, Any]:
+    s = _Session(cfg, stream, started_at)
     t = cfg.train
     callbacks = s.callbacks(extra_callbacks)
     n_params = s.announce()
@@ -466,6 +515,7 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
     summary: dict[str, Any] = {
         "steps": step, "end_state": end_state, "stop_reason": stop_reason,
         "train_seconds": round(s.clock.elapsed(), 1),
+        "time_budget_seconds": round(s.clock.budget_seconds, 1),
         "tokens_per_second": round(s.progress.tokens_total_session / max(session_seconds, 1e-9),
                                    1),
         "strategy": type(s.strategy).__name__, "replicas": s.strategy.num_replicas_in_sync,
