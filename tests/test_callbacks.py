@@ -458,3 +458,23 @@ def test_signal_stop_stops_at_the_next_batch_end():
 
     _fit(model, 10, [SendAt(), stopper])
     assert stopper.received == "SIGTERM" and cb.current_step(model) == 3
+
+
+def test_dev_loss_batches_are_the_featurised_pairs_in_order_of_length(toy_pairs, toy_tokenizer,
+                                                                      monkeypatch):
+    from aiayn.pipeline.training import dev_loss
+
+    monkeypatch.setattr(dev_loss, "DEV_LOSS_BATCH", 3)
+    pairs = toy_pairs[:12]
+    batches = dev_loss.dev_batches(pairs, toy_tokenizer, 128, toy_tokenizer.pad_id)
+    rows = [row[row != toy_tokenizer.pad_id].tolist()
+            for _, labels in batches for row in labels.numpy()]
+    by_length = sorted(pairs, key=lambda pair: len(pair[0]) + len(pair[1]))
+    # Each pair once, shortest first; the labels are the target's ids and EOS, as training's.
+    assert rows == [toy_tokenizer.tokenize([t]).to_list()[0] + [toy_tokenizer.eos_id]
+                    for _, t in by_length]
+    assert [b[1].shape[0] for b in batches] == [3, 3, 3, 3]
+    widths = [int(b[1].shape[1]) for b in batches]
+    unsorted = [max(len(toy_tokenizer.tokenize([t]).to_list()[0]) + 1 for _, t in group)
+                for group in (pairs[i:i + 3] for i in range(0, 12, 3))]
+    assert sum(widths) <= sum(unsorted)
