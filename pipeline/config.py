@@ -143,8 +143,8 @@ class TrainConfig:
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
     # rsqrt: the paper's inverse square root (models.schedule.TransformerSchedule); budget:
-    # the same warm-up, then a linear decay to zero where the run stops (train.steps or
-    # train.max_minutes, whichever ends it first; models.schedule.BudgetSchedule);
+    # the same warm-up, then a linear decay to zero where the run stops (train.steps or the
+    # time budget, whichever ends it first; models.schedule.BudgetSchedule);
     # rsqrt_cooldown: the inverse square root, then that decay over the last decay_fraction.
     lr_schedule: str = "rsqrt"
     # budget, rsqrt_cooldown: the final share of the run over which lr falls to 0.
@@ -153,7 +153,7 @@ class TrainConfig:
     decay_shape: str = "linear"
     # budget: the warm-up also ends after this share of the run (0 = warmup_steps only).
     warmup_fraction: float = 0.0
-    # The share of the run (of train.steps, or of train.max_minutes if further along) trained
+    # The share of the run (of train.steps, or of the time budget if further along) trained
     # without dropout before model.dropout (and attention_dropout) switch on; 0 = from the start.
     late_dropout: float = 0.0
     beta_1: float = 0.9
