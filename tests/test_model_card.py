@@ -78,6 +78,7 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
     (tmp_path / "data" / "data_report.json").write_text(json.dumps(_data_report()))
     state = {"status": "complete", "summary": {
         "steps": 20, "stop_reason": "steps", "train_seconds": 3725.0,
+        "time_budget_seconds": 2400.0,
         "tokens_per_second": 1234.5, "strategy": "OneDeviceStrategy", "replicas": 1,
         "mixed_precision": "float32", "jit_compile": False, "onednn": "on",
         "parameters": 12345,
@@ -91,7 +92,8 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
                  "Pairs kept: 29682; dropped: length_ratio 3", "Esther, John",
                  "preset | `tiny`", "12,345", "layers N (encoder, decoder) | 2",
                  "| d_model | 16 |", "| heads h | 2 |", "vocabulary (joint) | 200",
-                 "Steps: 20 of 20", "training time 1 h 02 min", "OneDeviceStrategy",
+                 "Steps: 20 of 20", "training time 1 h 02 min of a 40 min 00 s time budget",
+                 "OneDeviceStrategy",
                  "XLA off, oneDNN on; host:",
                  "`average_last_2` (the best on dev among the last checkpoint",
                  "another than the last only when it beats the last by more than 0.5 BLEU",
@@ -214,3 +216,15 @@ def test_card_says_when_dropout_started(run_cfg, rate, late, expected):
         run_cfg, model=dataclasses.replace(run_cfg.model, dropout=rate),
         train=dataclasses.replace(run_cfg.train, late_dropout=late))
     assert expected in write_model_card(cfg)
+
+
+@pytest.mark.parametrize("deadline, budget, expected", [
+    (43.5, 2400.0, " of a 40 min 00 s time budget (what the job's 43.5-minute deadline left)"),
+    (0.0, 2220.0, " of a 37 min 00 s time budget (train.max_minutes)"),
+    (43.5, 0.0, ""),
+])
+def test_card_names_the_time_budget_and_what_set_it(run_cfg, deadline, budget, expected):
+    from aiayn.pipeline.release.model_card import _budget_text
+
+    train_cfg = dataclasses.replace(run_cfg.train, deadline_minutes=deadline)
+    assert _budget_text(train_cfg, {"time_budget_seconds": budget}) == expected

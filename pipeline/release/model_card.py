@@ -139,6 +139,18 @@ def _fmt_seconds(seconds: Any) -> str:
     return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
 
 
+def _budget_text(train_cfg: Any, summary: Mapping[str, Any]) -> str:
+    """The clause after the training time, e.g. ' of a 40 min 00 s time budget (what the job's
+    43.5-minute deadline left)'; empty without a time budget."""
+    budget = summary.get("time_budget_seconds") or 0
+    if not budget:
+        return ""
+    deadline = getattr(train_cfg, "deadline_minutes", 0)
+    why = (f" (what the job's {deadline:g}-minute deadline left)" if deadline
+           else " (train.max_minutes)")
+    return f" of a {_fmt_seconds(budget)} time budget{why}"
+
+
 def _fmt_score(value: Any) -> str:
     try:
         return f"{float(value):.2f}"
@@ -228,7 +240,7 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
     if summary:
         out.append(f"- Steps: {summary.get('steps', '?')} of {t.steps} "
                    f"(stopped by: {summary.get('stop_reason', '?')}); training time "
-                   f"{_fmt_seconds(summary.get('train_seconds'))}; "
+                   f"{_fmt_seconds(summary.get('train_seconds'))}{_budget_text(t, summary)}; "
                    f"{summary.get('tokens_per_second', '?')} target tokens/s.")
         out.append(f"- Hardware: {summary.get('strategy', '?')} with "
                    f"{summary.get('replicas', '?')} replica(s), precision "
