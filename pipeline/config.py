@@ -169,9 +169,11 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     average_last: int = 5
-    # Dev BLEU points (on the dev sample) by which the average or the best-dev weights must beat
-    # the last checkpoint to replace it as final.weights.h5; 0 = the highest score wins.
+    # Dev BLEU points by which the average or the best-dev weights must beat the last
+    # checkpoint to replace it as final.weights.h5; 0 = the highest score wins.
     selection_margin: float = 0.0
+    # Dev pairs (evenly spaced) on which those candidates are scored; 0 = the whole dev split.
+    selection_max_sentences: int = 0
     eval_every: int = 2000
     eval_max_sentences: int = 500
     dev_loss_every: int = 250  # teacher-forced loss on the same dev sample; 0 = off
@@ -380,6 +382,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("train", "selection_margin"): _Bound(0.0, 100.0),  # BLEU points
     ("train", "eval_every"): _Bound(0, zero="no dev evaluation"),
     ("train", "eval_max_sentences"): _Bound(0, zero="the whole dev split"),
+    ("train", "selection_max_sentences"): _Bound(0, zero="the whole dev split"),
     ("train", "dev_loss_every"): _Bound(0, zero="no dev loss"),
     ("train", "early_stopping_patience"): _Bound(0, zero="off"),
     ("train", "seed"): _SEED,

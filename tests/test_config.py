@@ -128,6 +128,8 @@ BAD_VALUES = [
     ("train.eval_every=-1", "train.eval_every", "-1", "an integer >= 0 (0 = no dev evaluation)"),
     ("train.eval_max_sentences=-1", "train.eval_max_sentences", "-1",
      "an integer >= 0 (0 = the whole dev split)"),
+    ("train.selection_max_sentences=-2", "train.selection_max_sentences", "-2",
+     "an integer >= 0 (0 = the whole dev split)"),
     ("train.early_stopping_patience=-3", "train.early_stopping_patience", "-3",
      "an integer >= 0 (0 = off)"),
     ("data.vocab_sample_size=-1", "data.vocab_sample_size", "-1",
@@ -255,6 +257,7 @@ def test_settings_that_relate_fields_are_checked_at_load(overrides, message):
     ["train.max_minutes=0"],              # 0 = no time budget
     ["train.eval_every=0"],               # 0 = no dev evaluation
     ["train.eval_max_sentences=0"],       # 0 = the whole dev split
+    ["train.selection_max_sentences=0"],  # 0 = the whole dev split
     ["train.early_stopping_patience=0"],  # 0 = off
     ["train.clipnorm=0"],                 # 0 = no clipping
     ["data.max_length_ratio=0"],          # 0 = no length-ratio check

@@ -30,7 +30,7 @@ def wall(monkeypatch):
     return now
 
 
-def _deadline(clock, minutes_left, timings, cap_minutes=0.0, after=2900, sample=200):
+def _deadline(clock, minutes_left, timings, cap_minutes=0.0, after=3500, sample=200):
     stream = io.StringIO()
     deadline = dl.Deadline(clock, NOW + 60.0 * minutes_left, after, sample, lambda: timings,
                            cap_minutes=cap_minutes, stream=stream)
@@ -58,8 +58,8 @@ def test_the_budget_starts_with_the_slowest_machines_reserve_then_the_timed_one(
     deadline.on_train_batch_end(0)
     assert clock.budget_seconds == 40 * 60.0 - dl.FIRST_RESERVE_S
 
-    # The second one: 10 ms a sentence x (2,900 + 3 x 200 selection + 2,000 export) x 1.5
-    # + 30 s = 112.5 s.
+    # The second one: 10 ms a sentence x (3 x 200 for the selection + 2,900 dev and test
+    # + 2,000 for the export) x 1.5 + 30 s = 112.5 s.
     timings.append({"step": 1000, "seconds": 2.0})
     deadline.on_train_batch_end(1)
     reserve = 1.5 * 0.01 * 5500 + 30.0
@@ -137,9 +137,19 @@ def test_the_callbacks_read_the_budget_the_deadline_moves():
 
 
 def test_a_run_with_a_deadline_sets_its_budget_from_its_dev_evaluations(
-        toy_config, spm_model_path, tmp_path):
+        toy_config, spm_model_path, tmp_path, monkeypatch):
     from aiayn.pipeline.config import load_config
+    from aiayn.pipeline.training import artifacts
     from aiayn.pipeline.training import train as train_lib
+
+    made = []
+
+    class Recorded(dl.Deadline):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(train_lib, "Deadline", Recorded)
 
     cfg = load_config(["tiny"], [f"data.data_dir={toy_config.data.data_dir}",
                                  "data.vocab_size=200", f"train.run_dir={tmp_path / 'run'}",
@@ -158,3 +168,8 @@ def test_a_run_with_a_deadline_sets_its_budget_from_its_dev_evaluations(
     assert " ms a dev sentence: a reserve of " in log
     assert 30 * 60 - dl.FIRST_RESERVE_S < summary["time_budget_seconds"] < 30 * 60
     assert "time budget what ends the job 30 min after it started" in log
+    # The reserve counts what follows training: three candidates on every dev pair (the
+    # selection), then dev and test.
+    dev, test = (len(artifacts.read_split(cfg, split)) for split in ("dev", "test"))
+    assert [d.sentences_after for d in made] == [3 * dev + dev + test]
+    assert summary["averaging"]["dev_sentences"] == dev

@@ -212,8 +212,18 @@ def test_average_command_and_evaluate_on_the_tiny_run(tiny_run):
 
     from aiayn.pipeline.evaluation.evaluate import evaluate_run
 
-    report = averaging.average_checkpoints_for_run(cfg)
-    assert report["chosen"] in report["candidates"]
+    # The candidates are scored on every dev pair (train.selection_max_sentences: 0), not on
+    # the 8 of the dev evaluations during training...
+    dev_pairs = artifacts.read_split(cfg, "dev")
+    assert len(dev_pairs) > cfg.train.eval_max_sentences
+    assert tiny_run[1]["averaging"]["dev_sentences"] == len(dev_pairs)
+    # ... or on as many as train.selection_max_sentences asks for.
+    report = averaging.average_checkpoints_for_run(dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, selection_max_sentences=5)))
+    assert report["dev_sentences"] == 5 and report["chosen"] in report["candidates"]
+    assert [s for s, _ in averaging.selection_pairs(dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, selection_max_sentences=5)))] == \
+        [dev_pairs[i * len(dev_pairs) // 5][0] for i in range(5)]
     result = evaluate_run(cfg, split="test")
     run_dir = Path(cfg.train.run_dir)
     hyps = (run_dir / "eval" / "test.hyp.txt").read_text(encoding="utf-8").splitlines()

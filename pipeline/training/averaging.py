@@ -3,11 +3,12 @@
     average_checkpoints_for_run(cfg)   # `aiayn average`; train() calls select_final_weights
 
 Candidates: the last checkpoint, the element-wise mean of the last ``train.average_last`` and the
-best-dev weights; each is translated with the served graph (``validation.translate_sentences``)
-and the best dev BLEU becomes ``final.weights.h5``, with every score in ``averaging.json``. The
-last checkpoint is the default: another candidate replaces it only when it scores more than
-``train.selection_margin`` BLEU above it, so that the noise of a small dev sample does not swap
-the annealed end of a run for an earlier checkpoint.
+best-dev weights; each translates ``train.selection_max_sentences`` dev pairs (0: all of them)
+with the served graph (``validation.translate_sentences``) and the best dev BLEU becomes
+``final.weights.h5``, with every score in ``averaging.json``. The last checkpoint is the
+default: another candidate replaces it only when it scores more than ``train.selection_margin``
+BLEU above it, so that the noise of a dev sample does not swap the annealed end of a run for an
+earlier checkpoint.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def average_weight_files(model: keras.Model, paths: Sequence[str | os.PathLike])
             v.assign(total)
 
 
+# The candidates: the last checkpoint, the average of the last N, the best-dev weights.
+MAX_CANDIDATES = 3
+
+
+def selection_pairs(cfg: Config) -> list[tuple[str, str]]:
+    """The dev pairs the candidates are scored on (``train.selection_max_sentences``)."""
+    return dev_sample(cfg, cfg.train.selection_max_sentences)
+
+
 def _candidates(cfg: Config, files: RunFiles) -> tuple[list, list[tuple[str, list[str]]]]:
     """The checkpoints, and the ``(name, weight files)`` candidates for the final weights."""
     ckpts = list_checkpoints(files.checkpoints)
@@ -102,7 +112,8 @@ def _score_on_dev(cfg: Config, model: keras.Model, tokenizer,
 def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
                          pairs: Sequence[tuple[str, str]] | None = None,
                          stream=None) -> dict[str, Any]:
-    """Scores the last checkpoint, the average of the last N and the best-dev weights on dev.
+    """Scores the last checkpoint, the average of the last N and the best-dev weights on dev
+    (``pairs``; default :func:`selection_pairs`).
 
     The best of them (another than the last only when it beats the last by more than
     ``train.selection_margin`` BLEU) is written to ``<run_dir>/final.weights.h5``; all scores go to
@@ -118,7 +129,7 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
     files = RunFiles.of(cfg)
     ckpts, candidates = _candidates(cfg, files)
     if pairs is None:
-        pairs = dev_sample(cfg, cfg.train.eval_max_sentences)
+        pairs = selection_pairs(cfg)
     report: dict[str, Any] = {"checkpoints": [str(p) for _, p in ckpts],
                               "average_last": min(len(ckpts), max(1, cfg.train.average_last)),
                               "dev_sentences": len(pairs),

@@ -30,8 +30,6 @@ from aiayn.pipeline.training.callbacks import TrainingClock
 # verification (tracing the serving graph, saving, loading and translating) cost about as
 # much as decoding 2,000 sentences (20 s on the Xeon, 56 s on the AVX2 EPYC).
 EXPORT_SENTENCES = 2000
-# Choosing the final weights scores up to three candidates (last, average, best) on the sample.
-SELECTION_CANDIDATES = 3
 # The reserve is the estimate times SAFETY plus SLACK_S: a run decodes longer hypotheses late
 # than early, and the host's load moves every stage (estimate 57 s, measured 86 s on the Xeon).
 SAFETY = 1.5
@@ -49,7 +47,8 @@ def reserve_seconds(seconds_per_sentence: float, sentences_after: int) -> float:
 
     Args:
       seconds_per_sentence: one dev sentence's share of a timed dev evaluation.
-      sentences_after: the sentences those stages decode (the selection's samples, dev, test).
+      sentences_after: the sentences those stages decode (each candidate for the final weights
+        on its dev pairs, then dev and test).
     """
     return SAFETY * seconds_per_sentence * (sentences_after + EXPORT_SENTENCES) + SLACK_S
 
@@ -60,7 +59,7 @@ class Deadline(keras.callbacks.Callback):
     Args:
       clock: the run's :class:`TrainingClock`; its ``budget_seconds`` is what this sets.
       deadline_at: ``time.time()`` by which the whole job should have ended.
-      sentences_after: dev and test sentences the stages after training decode.
+      sentences_after: the sentences the stages after training decode (:func:`reserve_seconds`).
       sample_size: the dev evaluation's sentences, whose timings ``timings`` returns.
       timings: returns the dev evaluations so far, ``[{"step", "seconds"}, ...]``.
       cap_minutes: the budget's upper bound (``train.max_minutes``; 0 = none).
@@ -76,7 +75,7 @@ class Deadline(keras.callbacks.Callback):
         super().__init__()
         self.clock = clock
         self.deadline_at = float(deadline_at)
-        self.sentences_after = int(sentences_after) + SELECTION_CANDIDATES * int(sample_size)
+        self.sentences_after = int(sentences_after)
         self.sample_size = max(1, int(sample_size))
         self.timings = timings
         self.cap_seconds = float(cap_minutes) * 60.0

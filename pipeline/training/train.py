@@ -68,7 +68,7 @@ from aiayn.pipeline.training.artifacts import (
     list_checkpoints,
     load_tokenizer,
 )
-from aiayn.pipeline.training.averaging import select_final_weights
+from aiayn.pipeline.training.averaging import MAX_CANDIDATES, select_final_weights, selection_pairs
 from aiayn.pipeline.training.deadline import Deadline
 from aiayn.pipeline.training.dev_bleu import DevEvaluator
 from aiayn.pipeline.training.dev_loss import DevLoss, dev_batches
@@ -288,7 +288,8 @@ class _Session:
                 f"train.deadline_minutes={t.deadline_minutes:g} cannot run on several workers "
                 "(each worker would set its own time budget from its own clock). Set "
                 "train.deadline_minutes=0 and bound the run with train.steps.")
-        after = sum(_count_lines(split_path(self.cfg, split)) for split in ("dev", "test"))
+        after = (sum(_count_lines(split_path(self.cfg, split)) for split in ("dev", "test"))
+                 + MAX_CANDIDATES * len(selection_pairs(self.cfg)))
         return Deadline(self.clock, self.started_at + 60.0 * t.deadline_minutes, after,
                         len(self.pairs) if t.eval_every > 0 else 0,
                         lambda: self.evaluator.results if self.evaluator is not None else [],
@@ -574,8 +575,7 @@ def _record(files: RunFiles, summary: dict[str, Any]) -> None:
 
 def _finish(s: _Session, summary: dict[str, Any]) -> None:
     """Chief only: choose and write the final weights, record the end state, drop backups."""
-    report = select_final_weights(s.cfg, _model_as_served(s), s.tokenizer, s.pairs or None,
-                                  stream=s.stream)
+    report = select_final_weights(s.cfg, _model_as_served(s), s.tokenizer, stream=s.stream)
     chosen = report["candidates"][report["chosen"]]
     summary.update({"final_weights": report["final_weights"], "averaging": report,
                     "dev_bleu": chosen.get("bleu"), "dev_chrf": chosen.get("chrf")})
