@@ -77,7 +77,7 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES,
             summary["curves"] = _plot_curves(run_dir)
         elif name == "evaluate":
             from aiayn.pipeline.evaluation.evaluate import evaluate_run
-            summary["dev"] = evaluate_run(cfg, split="dev")
+            summary["dev"] = _dev_evaluation_of_training(summary) or evaluate_run(cfg, "dev")
             summary["test"] = evaluate_run(cfg, split="test")
         elif name == "export":
             from aiayn.pipeline.release.export_run import export_run
@@ -91,6 +91,20 @@ def run_all(cfg: config_lib.Config, stages: str | Sequence[str] = STAGES,
     _write_json(run_dir / "summary.json", summary)
     print_summary(summary)
     return {"summary": str(run_dir / "summary.json")}
+
+
+def _dev_evaluation_of_training(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The final weights' dev evaluation, when this job's train stage wrote it: choosing them,
+    it translated the whole dev split with them (``averaging.select_final_weights``), so the
+    evaluate stage would translate it again to the same output. None: translate it."""
+    report = (summary.get("train") or {}).pop("dev_evaluation", None)
+    if not report:
+        return None
+    from aiayn.pipeline.training.split_report import report_line
+
+    print(report_line(report) + "\n  (the final weights' translations from the train stage's "
+          "choice of them: eval/dev.hyp.txt)", flush=True)
+    return report
 
 
 def _plot_curves(run_dir: Path) -> str | None:

@@ -1,5 +1,6 @@
 """The whole job's deadline: the time budget is what it leaves (pipeline/training/deadline.py)."""
 
+import dataclasses
 import io
 
 import pytest
@@ -169,7 +170,11 @@ def test_a_run_with_a_deadline_sets_its_budget_from_its_dev_evaluations(
     assert 30 * 60 - dl.FIRST_RESERVE_S < summary["time_budget_seconds"] < 30 * 60
     assert "time budget what ends the job 30 min after it started" in log
     # The reserve counts what follows training: three candidates on every dev pair (the
-    # selection), then dev and test.
+    # selection, whose kept translations are the dev evaluation), then test.
     dev, test = (len(artifacts.read_split(cfg, split)) for split in ("dev", "test"))
-    assert [d.sentences_after for d in made] == [3 * dev + dev + test]
+    assert [d.sentences_after for d in made] == [3 * dev + test]
     assert summary["averaging"]["dev_sentences"] == dev
+    # Chosen on fewer dev pairs, the dev split is translated again after them.
+    fewer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
+                                                               selection_max_sentences=5))
+    assert train_lib.sentences_after_training(fewer) == 3 * 5 + dev + test

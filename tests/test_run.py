@@ -79,3 +79,36 @@ def test_the_job_time_counts_from_the_given_start(tmp_path, toy_pairs):
     run_all(cfg, stages="data", started_at=time.time() - 120.0)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["job_seconds"] >= 120.0 > summary["wall_seconds"]
+
+
+def test_the_evaluate_stage_takes_the_dev_evaluation_the_train_stage_wrote(tmp_path, monkeypatch,
+                                                                          capsys):
+    """The train stage's choice of the final weights translated the whole dev split with them:
+    the evaluate stage translates only the test split then, and both again without it."""
+    from aiayn.pipeline import run as run_lib
+    from aiayn.pipeline.evaluation import evaluate as evaluate_lib
+    from aiayn.pipeline.training import train as train_lib
+
+    dev = {"split": "dev", "sentences": 3, "bleu": 12.34, "chrf": 40.0, "seconds": 2.0,
+           "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6",
+           "metric_settings": "BLEU tokenizer `13a`"}
+    translated = []
+    monkeypatch.setattr(evaluate_lib, "evaluate_run", lambda cfg, split="dev", **kwargs: (
+        translated.append(split) or {"split": split, "bleu": 1.0, "chrf": 2.0}))
+    monkeypatch.setattr(run_lib, "_plot_curves", lambda run_dir: None)
+    monkeypatch.setattr(train_lib, "train", lambda cfg, started_at=None: {
+        "steps": 1, "dev_evaluation": dict(dev)})
+    cfg = load_config(["tiny"], [f"train.run_dir={tmp_path / 'run'}"])
+    run_all(cfg, stages="train,evaluate")
+    assert translated == ["test"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["dev"] == dev and "dev_evaluation" not in summary["train"]
+    out = capsys.readouterr().out
+    assert "dev: BLEU 12.34 chrF 40.00 on 3 sentences (2s)" in out
+    assert "from the train stage's choice of them" in out
+
+    # A finished run's stored summary (or a choice on fewer dev pairs) has none: dev again.
+    monkeypatch.setattr(train_lib, "train", lambda cfg, started_at=None: {"steps": 1})
+    translated.clear()
+    run_all(cfg, stages="train,evaluate")
+    assert translated == ["dev", "test"]

@@ -171,6 +171,35 @@ def test_tiny_run_chooses_final_weights_between_last_and_average(tiny_run):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_the_choice_of_the_final_weights_is_their_dev_evaluation(tiny_run):
+    """Chosen on the whole dev split, the kept candidate's translations are the final weights'
+    eval/dev.json and dev.hyp.txt, as `aiayn evaluate --split dev` writes them: `make train`
+    takes them instead of translating the split again."""
+    from pathlib import Path
+
+    from aiayn.pipeline.evaluation.evaluate import evaluate_run
+
+    cfg, summary = tiny_run
+    run_dir = Path(cfg.train.run_dir)
+    written = summary["dev_evaluation"]
+    chosen = summary["averaging"]["candidates"][summary["averaging"]["chosen"]]
+    assert (written["bleu"], written["chrf"]) == (chosen["bleu"], chosen["chrf"])
+    assert written["sentences"] == len(artifacts.read_split(cfg, "dev"))
+    # This job's only: a later job cannot know that the final weights are still these.
+    assert "dev_evaluation" not in json.loads((run_dir / "train_state.json").read_text())[
+        "summary"]
+    assert "dev_evaluation" not in json.loads((run_dir / "averaging.json").read_text())
+    saved = json.loads((run_dir / "eval" / "dev.json").read_text())
+    hyps = (run_dir / "eval" / "dev.hyp.txt").read_text(encoding="utf-8")
+    assert len(hyps.splitlines()) == written["sentences"]
+    fresh = evaluate_run(cfg, split="dev")
+    assert (run_dir / "eval" / "dev.hyp.txt").read_text(encoding="utf-8") == hyps
+    for key in ("split", "sentences", "bleu", "chrf", "bleu_signature", "chrf_signature",
+                "bleu_detail", "metric_settings", "weights", "decode", "samples",
+                "hypotheses_path"):
+        assert saved[key] == fresh[key] == written[key], key
+
+
 @pytest.mark.parametrize("margin, scores, chosen", [
     (0.0, (20.0, 20.3, 20.2), "average_last_3"),  # the highest score wins
     (0.5, (20.0, 20.3, 20.45), "last"),  # within the margin: the last checkpoint stays
@@ -191,7 +220,8 @@ def test_another_candidate_replaces_the_last_weights_only_beyond_the_selection_m
         cfg.train, run_dir=str(run_dir), selection_margin=margin))
     bleus = iter(scores)
     monkeypatch.setattr(averaging, "_score_on_dev",
-                        lambda *args: {"bleu": next(bleus), "chrf": 40.0})
+                        lambda *args: ({"bleu": next(bleus), "chrf": 40.0, "seconds": 1.0},
+                                       ["b"]))
     tokenizer = artifacts.load_tokenizer(cfg)
     report = averaging.select_final_weights(cfg, artifacts.build_model(cfg, tokenizer), tokenizer,
                                             pairs=[("a", "b")])
@@ -202,7 +232,8 @@ def test_another_candidate_replaces_the_last_weights_only_beyond_the_selection_m
 
 def test_rerunning_a_finished_run_returns_its_summary_without_training(tiny_run, capsys):
     cfg, summary = tiny_run
-    assert train_lib.train(cfg) == json.loads(json.dumps(summary))
+    recorded = {k: v for k, v in summary.items() if k != "dev_evaluation"}
+    assert train_lib.train(cfg) == json.loads(json.dumps(recorded))
     assert "already holds a finished run" in capsys.readouterr().out
 
 

@@ -13,17 +13,15 @@ what TF Serving runs. Files written into the run directory:
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from typing import Any
 
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.errors import UserInputError
-from aiayn.pipeline.fileio import atomic_write
-from aiayn.pipeline.training.artifacts import RunFiles, load_trained_model, read_split
+from aiayn.pipeline.training.artifacts import load_trained_model, read_split
 from aiayn.pipeline.training.metrics import metric_settings_for
-from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
+from aiayn.pipeline.training.split_report import report_line, write_split_report
+from aiayn.pipeline.training.validation import make_translator, translate_sentences
 
 SPLITS = ("dev", "test")
 
@@ -53,30 +51,13 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     pairs = read_split(cfg, split)
     if max_sentences:
         pairs = pairs[:max_sentences]
-    settings = metric_settings_for(cfg)  # before translating: a missing segmenter fails fast
+    metric_settings_for(cfg)  # before translating: a missing segmenter fails fast
     model, tokenizer, weights_path = load_trained_model(cfg, weights)
-    sources = [s for s, _ in pairs]
-    references = [t for _, t in pairs]
     start = time.monotonic()
-    hypotheses = translate_sentences(make_translator(cfg, model, tokenizer), sources,
-                                     batch_size=cfg.decode.batch_size)
-    seconds = time.monotonic() - start
-    report = {"split": split, "sentences": len(pairs),
-              **score(hypotheses, references, settings), "metric_settings": settings.describe(),
-              "seconds": round(seconds, 1),
-              "sentences_per_second": round(len(pairs) / max(seconds, 1e-9), 2),
-              "weights": str(weights_path), "decode": dataclasses.asdict(cfg.decode)}
-    picks = sorted({0, len(pairs) // 2, len(pairs) - 1}) if pairs else []
-    report["samples"] = [{"source": sources[i], "reference": references[i],
-                          "hypothesis": hypotheses[i]} for i in picks]
-    out_dir = RunFiles.of(cfg).eval_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hyp_path = out_dir / f"{split}.hyp.txt"
-    atomic_write(hyp_path, "".join(h.replace("\n", " ") + "\n" for h in hypotheses))
-    report["hypotheses_path"] = str(hyp_path)
-    atomic_write(out_dir / f"{split}.json", json.dumps(report, indent=2, ensure_ascii=False))
-    print(f"{split}: BLEU {report['bleu']:.2f} chrF {report['chrf']:.2f} on {len(pairs)} "
-          f"sentences ({seconds:.0f}s)\n  {report['bleu_signature']}\n  "
-          f"{report['chrf_signature']}\n  {settings.describe()}", flush=True)
+    hypotheses = translate_sentences(make_translator(cfg, model, tokenizer),
+                                     [s for s, _ in pairs], batch_size=cfg.decode.batch_size)
+    report = write_split_report(cfg, split, pairs, hypotheses, time.monotonic() - start,
+                                weights_path)
+    print(report_line(report), flush=True)
     return report
 

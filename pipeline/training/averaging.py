@@ -8,7 +8,10 @@ with the served graph (``validation.translate_sentences``) and the best dev BLEU
 ``final.weights.h5``, with every score in ``averaging.json``. The last checkpoint is the
 default: another candidate replaces it only when it scores more than ``train.selection_margin``
 BLEU above it, so that the noise of a dev sample does not swap the annealed end of a run for an
-earlier checkpoint.
+earlier checkpoint. Scored on the whole dev split, the kept candidate's translations are also
+the final weights' dev evaluation (``eval/dev.json`` and ``dev.hyp.txt``, as ``aiayn evaluate``
+writes them: :mod:`~aiayn.pipeline.training.split_report`), which ``make train`` then does not
+translate again.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from aiayn.pipeline.training.artifacts import (
     weights_load_error,
 )
 from aiayn.pipeline.training.metrics import metric_settings_for
+from aiayn.pipeline.training.split_report import write_split_report
 from aiayn.pipeline.training.validation import make_translator, score, translate_sentences
 
 
@@ -99,14 +103,21 @@ def _candidates(cfg: Config, files: RunFiles) -> tuple[list, list[tuple[str, lis
 
 
 def _score_on_dev(cfg: Config, model: keras.Model, tokenizer,
-                  pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+                  pairs: Sequence[tuple[str, str]]) -> tuple[dict[str, Any], list[str]]:
+    """A candidate's scores on ``pairs`` (with the seconds its translation took), and its
+    translations."""
     start = time.monotonic()
     hyps = translate_sentences(make_translator(cfg, model, tokenizer), [s for s, _ in pairs],
                                batch_size=cfg.decode.batch_size)
     scores = score(hyps, [t for _, t in pairs], metric_settings_for(cfg))
     entry = {k: v for k, v in scores.items() if k != "bleu_detail"}
     entry["seconds"] = round(time.monotonic() - start, 1)
-    return entry
+    return entry, hyps
+
+
+def _covers_dev(cfg: Config, pairs: Sequence[tuple[str, str]]) -> bool:
+    """Whether ``pairs`` are the whole dev split, in its order (what ``aiayn evaluate`` scores)."""
+    return bool(pairs) and list(pairs) == dev_sample(cfg, 0)
 
 
 def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
@@ -120,7 +131,9 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
     ``<run_dir>/averaging.json``. Without dev data the average (or the last) is kept unscored.
 
     Returns:
-      The averaging report (candidates with their BLEU/chrF, ``chosen``).
+      The averaging report (candidates with their BLEU/chrF, ``chosen``), and, when ``pairs``
+      are the whole dev split, ``dev_evaluation``: the final weights' ``eval/dev.json`` report
+      (not in ``averaging.json``).
 
     Raises:
       UserInputError: the run has no checkpoints.
@@ -135,11 +148,13 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
                               "dev_sentences": len(pairs),
                               "selection_margin": cfg.train.selection_margin, "candidates": {}}
     best_name, best_bleu, last_bleu = None, -1.0, None
+    translations: dict[str, list[str]] = {}
     for name, weight_files in candidates:
         average_weight_files(model, weight_files)
         entry: dict[str, Any] = {"files": weight_files}
         if pairs:
-            entry.update(_score_on_dev(cfg, model, tokenizer, pairs))
+            scores, translations[name] = _score_on_dev(cfg, model, tokenizer, pairs)
+            entry.update(scores)
             stream.write(f"dev {name}: BLEU {entry['bleu']:.2f} chrF {entry['chrf']:.2f}\n")
             stream.flush()
             if name == "last":  # always the first candidate
@@ -156,6 +171,12 @@ def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
     final = save_model_weights(model, files.final)
     report["final_weights"] = str(final)
     atomic_write(files.averaging, json.dumps(report, indent=2, ensure_ascii=False))
+    if best_name in translations and _covers_dev(cfg, pairs):
+        # The final weights' dev evaluation, as `aiayn evaluate --split dev` writes it: the
+        # same graph has just translated the whole split with these weights.
+        report["dev_evaluation"] = write_split_report(
+            cfg, "dev", pairs, translations[best_name],
+            report["candidates"][best_name]["seconds"], final)
     stream.write(f"final weights: {best_name} -> {final}\n")
     stream.flush()
     return report

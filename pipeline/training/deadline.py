@@ -48,7 +48,8 @@ def reserve_seconds(seconds_per_sentence: float, sentences_after: int) -> float:
     Args:
       seconds_per_sentence: one dev sentence's share of a timed dev evaluation.
       sentences_after: the sentences those stages decode (each candidate for the final weights
-        on its dev pairs, then dev and test).
+        on its dev pairs, then test, and dev unless the candidates covered it:
+        ``train.sentences_after_training``).
     """
     return SAFETY * seconds_per_sentence * (sentences_after + EXPORT_SENTENCES) + SLACK_S
 

@@ -140,6 +140,18 @@ def _seed_everything(cfg: Config) -> None:
     keras.utils.set_random_seed(cfg.train.seed)
 
 
+def sentences_after_training(cfg: Config) -> int:
+    """The sentences ``make train`` translates after training (the deadline's reserve).
+
+    Each candidate for the final weights on its dev pairs, then the test split, and the dev
+    split unless the candidates translate all of it: then the kept candidate's translations are
+    the final weights' dev evaluation (``averaging.select_final_weights``).
+    """
+    dev, chosen_on = _count_lines(split_path(cfg, "dev")), len(selection_pairs(cfg))
+    return (MAX_CANDIDATES * chosen_on + _count_lines(split_path(cfg, "test"))
+            + (0 if chosen_on >= dev else dev))
+
+
 def _count_lines(path: Path) -> int:
     """Lines of a prepared split (0 if it is absent)."""
     try:
@@ -288,9 +300,8 @@ class _Session:
                 f"train.deadline_minutes={t.deadline_minutes:g} cannot run on several workers "
                 "(each worker would set its own time budget from its own clock). Set "
                 "train.deadline_minutes=0 and bound the run with train.steps.")
-        after = (sum(_count_lines(split_path(self.cfg, split)) for split in ("dev", "test"))
-                 + MAX_CANDIDATES * len(selection_pairs(self.cfg)))
-        return Deadline(self.clock, self.started_at + 60.0 * t.deadline_minutes, after,
+        return Deadline(self.clock, self.started_at + 60.0 * t.deadline_minutes,
+                        sentences_after_training(self.cfg),
                         len(self.pairs) if t.eval_every > 0 else 0,
                         lambda: self.evaluator.results if self.evaluator is not None else [],
                         cap_minutes=t.max_minutes, stream=self.stream)
@@ -576,9 +587,14 @@ def _record(files: RunFiles, summary: dict[str, Any]) -> None:
 def _finish(s: _Session, summary: dict[str, Any]) -> None:
     """Chief only: choose and write the final weights, record the end state, drop backups."""
     report = select_final_weights(s.cfg, _model_as_served(s), s.tokenizer, stream=s.stream)
+    dev_evaluation = report.pop("dev_evaluation", None)
     chosen = report["candidates"][report["chosen"]]
     summary.update({"final_weights": report["final_weights"], "averaging": report,
                     "dev_bleu": chosen.get("bleu"), "dev_chrf": chosen.get("chrf")})
     _record(s.files, summary)
+    if dev_evaluation is not None:
+        # This job's only (not in train_state.json): `make train` reads it instead of
+        # translating the dev split again; a later job cannot know the weights are unchanged.
+        summary["dev_evaluation"] = dev_evaluation
     for d in s.files.root.glob("backup*"):
         shutil.rmtree(d, ignore_errors=True)
