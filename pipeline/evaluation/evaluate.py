@@ -48,6 +48,7 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     """
     if split not in SPLITS:
         raise UserInputError(f"--split must be one of {', '.join(SPLITS)}; got {split!r}.")
+    began = time.monotonic()
     pairs = read_split(cfg, split)
     if max_sentences:
         pairs = pairs[:max_sentences]
@@ -56,8 +57,11 @@ def evaluate_run(cfg: Config, split: str = "dev", weights: str | None = None,
     start = time.monotonic()
     hypotheses = translate_sentences(make_translator(cfg, model, tokenizer),
                                      [s for s, _ in pairs], batch_size=cfg.decode.batch_size)
-    report = write_split_report(cfg, split, pairs, hypotheses, time.monotonic() - start,
-                                weights_path)
-    print(report_line(report), flush=True)
+    translated = time.monotonic()
+    report = write_split_report(cfg, split, pairs, hypotheses, translated - start, weights_path)
+    # The phases around the translation: a stage that takes far longer than its `seconds`
+    # says where the rest went (a slow model load, a stalled write).
+    print(f"{report_line(report)}\n  reading the split and loading the model {start - began:.1f}s,"
+          f" scoring and writing {time.monotonic() - translated:.1f}s", flush=True)
     return report
 
