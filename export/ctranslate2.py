@@ -36,7 +36,10 @@ Weight mapping (Keras ``Transformer`` -> ``ctranslate2.specs.TransformerSpec``):
   CTranslate2's fused layout, and both split heads as ``(H, D)`` in that order;
 * post-norm (``pre_norm=False``: ``LayerNorm(x + Sublayer(x))``, no final norm), or pre-norm
   with the stacks' final norms when the model was trained with ``norm_first``; LayerNorm
-  epsilon from the model; ReLU feed-forward.
+  epsilon from the model;
+* the feed-forward activation of ``model.ffn_activation``; a gated one (``swiglu``, ``geglu``)
+  has one ``(d, 2 d_ff)`` Keras kernel, [gate | linear], split into CTranslate2's ``linear_0``
+  (activated) and ``linear_0_noact`` (``ffn_glu``).
 
 What CTranslate2 cannot match exactly (README, "CTranslate2"): its length penalty is
 ``logprob / length ** alpha`` where ours is GNMT's ``logprob / ((5 + length) / 6) ** alpha``
@@ -148,9 +151,22 @@ def _set_norm(spec, norm) -> None:
 
 
 def _set_ffn(spec, layer) -> None:
-    _set_linear(spec.linear_0, layer.feed_forward.intermediate_dense)
-    _set_linear(spec.linear_1, layer.feed_forward.output_dense)
+    ffn = layer.feed_forward
+    _set_linear(spec.linear_0, ffn.intermediate_dense)
+    if ffn.gate_activation is not None:
+        # One (d, 2 d_ff) dense layer in Keras, [gate | linear]; CTranslate2 activates
+        # linear_0 and multiplies it by linear_0_noact.
+        weight, bias = spec.linear_0.weight, spec.linear_0.bias
+        spec.linear_0.weight, spec.linear_0_noact.weight = np.split(weight, 2, axis=0)
+        spec.linear_0.bias, spec.linear_0_noact.bias = np.split(bias, 2)
+    _set_linear(spec.linear_1, ffn.output_dense)
     _set_norm(spec.layer_norm, layer.feed_forward_norm)
+
+
+def _activation(specs, name: str):
+    """CTranslate2's activation for ``model.ffn_activation`` (the gate's, when gated)."""
+    return {"relu": specs.Activation.RELU, "gelu": specs.Activation.GELU,
+            "swiglu": specs.Activation.SWISH, "geglu": specs.Activation.GELU}[name]
 
 
 def _set_self_attention(spec, layer) -> None:
@@ -182,12 +198,14 @@ def transformer_spec(model: Any, pieces: Sequence[str], special: dict[str, str])
     import keras
 
     from aiayn.models.embedding import sinusoidal_table
+    from aiayn.models.feedforward import GATED_ACTIVATIONS
 
     ct2 = import_ctranslate2()
     specs = ct2.specs
     spec = specs.TransformerSpec.from_config(
         (model.num_layers, model.num_decoder_layers), model.num_heads,
-        pre_norm=bool(model.norm_first), activation=specs.Activation.RELU)
+        pre_norm=bool(model.norm_first), activation=_activation(specs, model.ffn_activation),
+        ffn_glu=model.ffn_activation in GATED_ACTIVATIONS)
     table = _array(model.embedding.embeddings)  # (V, d), shared (§3.4)
     # Interleaved sin/cos, the model's own function: max_position rows cover every encoder
     # position (< source limit) and every decoder input position (< max_position).

@@ -37,7 +37,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
     """
 
     def __init__(self, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
-                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
+                 ffn_activation="relu", **kwargs):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
@@ -46,6 +47,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.ffn_activation = ffn_activation
         dt = self.dtype_policy
         self.self_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
                                                  self_attention=True, dtype=dt,
@@ -57,8 +59,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
                                                   name="cross_attention")
         self.cross_attention_dropout = Dropout(dropout, dtype=dt, name="cross_attention_dropout")
         self.cross_attention_norm = _norm("cross_attention_norm", layer_norm_epsilon, dt)
-        self.feed_forward = FeedForward(hidden_dim, intermediate_dim, dtype=dt,
-                                        name="feed_forward")
+        self.feed_forward = FeedForward(hidden_dim, intermediate_dim, ffn_activation,
+                                        dtype=dt, name="feed_forward")
         self.feed_forward_dropout = Dropout(dropout, dtype=dt, name="feed_forward_dropout")
         self.feed_forward_norm = _norm("feed_forward_norm", layer_norm_epsilon, dt)
 
@@ -157,7 +159,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
         config.update(hidden_dim=self.hidden_dim, intermediate_dim=self.intermediate_dim,
                       num_heads=self.num_heads, dropout=self.dropout,
                       attention_dropout=self.attention_dropout, norm_first=self.norm_first,
-                      layer_norm_epsilon=self.layer_norm_epsilon)
+                      layer_norm_epsilon=self.layer_norm_epsilon,
+                      ffn_activation=self.ffn_activation)
         return config
 
 
@@ -175,7 +178,8 @@ class TransformerDecoder(keras.layers.Layer):
     """
 
     def __init__(self, num_layers, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
-                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
+                 ffn_activation="relu", **kwargs):
         super().__init__(**kwargs)
         if num_layers < 1:
             raise ValueError(f"`num_layers` must be at least 1. Received: {num_layers}.")
@@ -187,9 +191,11 @@ class TransformerDecoder(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.ffn_activation = ffn_activation
         self.decoder_layers = [
             TransformerDecoderLayer(hidden_dim, intermediate_dim, num_heads, dropout,
                                     attention_dropout, norm_first, layer_norm_epsilon,
+                                    ffn_activation,
                                     dtype=self.dtype_policy, name=f"layer_{i}")
             for i in range(num_layers)
         ]
@@ -306,5 +312,6 @@ class TransformerDecoder(keras.layers.Layer):
         config.update(num_layers=self.num_layers, hidden_dim=self.hidden_dim,
                       intermediate_dim=self.intermediate_dim, num_heads=self.num_heads,
                       dropout=self.dropout, attention_dropout=self.attention_dropout,
-                      norm_first=self.norm_first, layer_norm_epsilon=self.layer_norm_epsilon)
+                      norm_first=self.norm_first, layer_norm_epsilon=self.layer_norm_epsilon,
+                      ffn_activation=self.ffn_activation)
         return config

@@ -46,6 +46,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
       attention_dropout: dropout on the attention weights.
       norm_first: pre-norm instead of the paper's post-norm.
       layer_norm_epsilon: LayerNorm epsilon.
+      ffn_activation: the feed-forward network's activation (:class:`FeedForward`).
 
     Call args:
       x: ``(batch_size, src_len, hidden_dim)``.
@@ -57,7 +58,8 @@ class TransformerEncoderLayer(keras.layers.Layer):
     """
 
     def __init__(self, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
-                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
+                 ffn_activation="relu", **kwargs):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
@@ -66,14 +68,15 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.ffn_activation = ffn_activation
         dt = self.dtype_policy
         self.self_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
                                                  self_attention=True, dtype=dt,
                                                  name="self_attention")
         self.self_attention_dropout = Dropout(dropout, dtype=dt, name="self_attention_dropout")
         self.self_attention_norm = _norm("self_attention_norm", layer_norm_epsilon, dt)
-        self.feed_forward = FeedForward(hidden_dim, intermediate_dim, dtype=dt,
-                                        name="feed_forward")
+        self.feed_forward = FeedForward(hidden_dim, intermediate_dim, ffn_activation,
+                                        dtype=dt, name="feed_forward")
         self.feed_forward_dropout = Dropout(dropout, dtype=dt, name="feed_forward_dropout")
         self.feed_forward_norm = _norm("feed_forward_norm", layer_norm_epsilon, dt)
 
@@ -111,7 +114,8 @@ class TransformerEncoderLayer(keras.layers.Layer):
         config.update(hidden_dim=self.hidden_dim, intermediate_dim=self.intermediate_dim,
                       num_heads=self.num_heads, dropout=self.dropout,
                       attention_dropout=self.attention_dropout, norm_first=self.norm_first,
-                      layer_norm_epsilon=self.layer_norm_epsilon)
+                      layer_norm_epsilon=self.layer_norm_epsilon,
+                      ffn_activation=self.ffn_activation)
         return config
 
 
@@ -131,7 +135,8 @@ class TransformerEncoder(keras.layers.Layer):
     """
 
     def __init__(self, num_layers, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
-                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
+                 ffn_activation="relu", **kwargs):
         super().__init__(**kwargs)
         if num_layers < 1:
             raise ValueError(f"`num_layers` must be at least 1. Received: {num_layers}.")
@@ -143,9 +148,11 @@ class TransformerEncoder(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.ffn_activation = ffn_activation
         self.encoder_layers = [
             TransformerEncoderLayer(hidden_dim, intermediate_dim, num_heads, dropout,
                                     attention_dropout, norm_first, layer_norm_epsilon,
+                                    ffn_activation,
                                     dtype=self.dtype_policy, name=f"layer_{i}")
             for i in range(num_layers)
         ]
@@ -183,5 +190,6 @@ class TransformerEncoder(keras.layers.Layer):
         config.update(num_layers=self.num_layers, hidden_dim=self.hidden_dim,
                       intermediate_dim=self.intermediate_dim, num_heads=self.num_heads,
                       dropout=self.dropout, attention_dropout=self.attention_dropout,
-                      norm_first=self.norm_first, layer_norm_epsilon=self.layer_norm_epsilon)
+                      norm_first=self.norm_first, layer_norm_epsilon=self.layer_norm_epsilon,
+                      ffn_activation=self.ffn_activation)
         return config

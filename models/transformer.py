@@ -38,6 +38,9 @@ class Transformer(keras.Model):
       tie_embeddings: the pre-softmax projection reuses the shared embedding matrix (§3.4).
       max_position: longest target the model decodes (``generate`` caps its length here).
       layer_norm_epsilon: LayerNorm epsilon.
+      ffn_activation: the feed-forward networks' activation: ``"relu"`` (the paper),
+        ``"gelu"``, or gated (Shazeer, 2020) ``"swiglu"`` / ``"geglu"``, whose inner layer is
+        ``2 * intermediate_dim`` wide (``models.feedforward.FeedForward``).
 
     Call args:
       inputs: dict with ``encoder_token_ids`` int ``(B, S)``, ``encoder_padding_mask`` bool
@@ -61,7 +64,8 @@ class Transformer(keras.Model):
     def __init__(self, vocabulary_size, pad_id, num_layers=6, hidden_dim=512,
                  intermediate_dim=2048, num_heads=8, dropout=0.1, attention_dropout=0.0,
                  norm_first=False, tie_embeddings=True, max_position=1024,
-                 layer_norm_epsilon=1e-6, num_decoder_layers=None, **kwargs):
+                 layer_norm_epsilon=1e-6, num_decoder_layers=None, ffn_activation="relu",
+                 **kwargs):
         super().__init__(**kwargs)
         if not 0 <= pad_id < vocabulary_size:
             raise ValueError(
@@ -83,10 +87,12 @@ class Transformer(keras.Model):
         self.tie_embeddings = tie_embeddings
         self.max_position = max_position
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.ffn_activation = ffn_activation
         stack = dict(hidden_dim=hidden_dim,
                      intermediate_dim=intermediate_dim, num_heads=num_heads, dropout=dropout,
                      attention_dropout=attention_dropout, norm_first=norm_first,
-                     layer_norm_epsilon=layer_norm_epsilon, dtype=self.dtype_policy)
+                     layer_norm_epsilon=layer_norm_epsilon, ffn_activation=ffn_activation,
+                     dtype=self.dtype_policy)
         self.embedding = TransformerEmbedding(vocabulary_size, hidden_dim, dropout,
                                               dtype=self.dtype_policy, name="embedding")
         self.encoder = TransformerEncoder(num_layers, name="encoder", **stack)
@@ -350,5 +356,6 @@ class Transformer(keras.Model):
                       dropout=self.dropout, attention_dropout=self.attention_dropout,
                       norm_first=self.norm_first, tie_embeddings=self.tie_embeddings,
                       max_position=self.max_position,
-                      layer_norm_epsilon=self.layer_norm_epsilon)
+                      layer_norm_epsilon=self.layer_norm_epsilon,
+                      ffn_activation=self.ffn_activation)
         return config

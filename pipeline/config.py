@@ -122,6 +122,9 @@ class ModelConfig:
     layer_norm_epsilon: float = 1e-6
     # 0 = as many as num_layers (the paper); fewer: a deep encoder and a shallow decoder.
     num_decoder_layers: int = 0
+    # relu (the paper), gelu, or gated (Shazeer, 2020): swiglu, geglu, whose inner layer is
+    # 2 * intermediate_dim wide (two thirds of the ReLU width keeps the parameters and FLOPs).
+    ffn_activation: str = "relu"
 
     @property
     def decoder_layers(self) -> int:
@@ -273,6 +276,8 @@ _VALID_CHOICES = {
     ("train", "jit_compile"): ("auto", "true", "false"),
     ("train", "mixed_precision"): ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     ("train", "distribute"): ("auto", "default", "mirrored", "multi_worker", "tpu"),
+    # aiayn.models.feedforward.ACTIVATIONS and GATED_ACTIVATIONS, spelled out (as above).
+    ("model", "ffn_activation"): ("relu", "gelu", "swiglu", "geglu"),
     ("export", "on_long_input"): ("truncate", "reject"),
     # aiayn.models.decoding.STOP_RULES, spelled out: importing it would load Keras with the config.
     ("decode", "stop_rule"): ("current", "bound"),

@@ -226,6 +226,8 @@ def test_yaml_values_are_checked_like_overrides(tmp_path):
                                  r"got 'never'"),
     (["train.decay_shape=cosine"], r"`train.decay_shape` must be one of linear, sqrt; "
                                    r"got 'cosine'"),
+    (["model.ffn_activation=glu"], r"`model.ffn_activation` must be one of relu, gelu, swiglu, "
+                                   r"geglu; got 'glu'"),
     # data
     (["data.token_budget=16"], r"`data.token_budget` \(16\) must be at least `data.max_length` "
                                r"\(32\)"),

@@ -205,6 +205,19 @@ def test_card_gives_each_stack_its_depth(run_cfg, depths, expected):
     assert expected in write_model_card(cfg)
 
 
+@pytest.mark.parametrize("activation, expected", [
+    ("relu", "| feed-forward activation | ReLU (as the paper) |"),
+    ("gelu", "| feed-forward activation | GELU |"),
+    ("swiglu", "| feed-forward activation | SwiGLU (gated, Shazeer 2020; the inner layer 2 x d_ff "
+               "wide) |")])
+def test_card_names_the_feed_forward_activation(run_cfg, activation, expected):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    cfg = dataclasses.replace(run_cfg, model=dataclasses.replace(
+        run_cfg.model, ffn_activation=activation))
+    assert expected in write_model_card(cfg)
+
+
 @pytest.mark.parametrize("rate, late, expected", [
     (0.2, 0.0, "| dropout P_drop | 0.2 |"),
     (0.2, 0.25, "| dropout P_drop | 0.2 (from 0.25 of the run; none before) |"),

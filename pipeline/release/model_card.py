@@ -209,6 +209,15 @@ def _depth(m: Any) -> str:
     return str(m.num_layers) if decoder == m.num_layers else f"{m.num_layers}, {decoder}"
 
 
+def _activation(m: Any) -> str:
+    """``"ReLU (as the paper)"``, or the other activation's name."""
+    if m.ffn_activation == "relu":
+        return "ReLU (as the paper)"
+    gated = {"swiglu": "SwiGLU", "geglu": "GEGLU"}.get(m.ffn_activation)
+    return (f"{gated} (gated, Shazeer 2020; the inner layer 2 x d_ff wide)" if gated
+            else m.ffn_activation.upper())
+
+
 def _dropout(cfg: Any) -> str:
     """``"0.2"``, or ``"0.2 (from 0.25 of the run; none before)"`` with late dropout."""
     rate, late = cfg.model.dropout, cfg.train.late_dropout
@@ -223,7 +232,8 @@ def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None
                              + (", tied embeddings and output projection (§3.4)"
                                 if m.tie_embeddings else "")),
             ("layers N (encoder, decoder)", _depth(m)), ("d_model", m.hidden_dim),
-            ("d_ff", m.intermediate_dim), ("heads h", m.num_heads),
+            ("d_ff", m.intermediate_dim), ("feed-forward activation", _activation(m)),
+            ("heads h", m.num_heads),
             ("dropout P_drop", _dropout(cfg)), ("max positions", m.max_position)]
     if vocabulary_size:
         rows.append(("vocabulary (joint)", vocabulary_size))

@@ -1,6 +1,7 @@
 """The CTranslate2 export: the converted model is the Keras model, and the CLI uses it.
 
-* Weight mapping (fast, random weights; post-norm + tied, pre-norm + untied): CTranslate2's
+* Weight mapping (fast, random weights; post-norm + tied, pre-norm + untied, a deep encoder,
+  the GELU and gated feed-forward activations): CTranslate2's
   greedy tokens equal the Keras model's and its summed log-probabilities agree, so every
   weight (interleaved positions, sqrt(d) scaling, fused projections, norms, biases, the tied
   output layer) lands where CTranslate2 reads it.
@@ -33,11 +34,14 @@ def _options(cfg):
     return ServingOptions.from_configs(cfg.decode, cfg.export)
 
 
-@pytest.mark.parametrize("norm_first,tie_embeddings,depths",
-                         [(False, True, (2, 0)), (True, False, (2, 0)), (False, True, (3, 1))],
-                         ids=["post-norm-tied", "pre-norm-untied", "deep-encoder-shallow-decoder"])
-def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, depths, toy_config,
-                                               toy_tokenizer, tmp_path):
+@pytest.mark.parametrize("norm_first,tie_embeddings,depths,activation",
+                         [(False, True, (2, 0), "relu"), (True, False, (2, 0), "relu"),
+                          (False, True, (3, 1), "relu"), (False, True, (2, 0), "swiglu"),
+                          (True, True, (2, 0), "geglu"), (False, True, (2, 0), "gelu")],
+                         ids=["post-norm-tied", "pre-norm-untied", "deep-encoder-shallow-decoder",
+                              "swiglu", "pre-norm-geglu", "gelu"])
+def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, depths, activation,
+                                               toy_config, toy_tokenizer, tmp_path):
     import keras
 
     from aiayn.export import ctranslate2 as ct2
@@ -45,7 +49,7 @@ def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, depth
 
     cfg = dataclasses.replace(toy_config, model=dataclasses.replace(
         toy_config.model, norm_first=norm_first, tie_embeddings=tie_embeddings,
-        num_layers=depths[0], num_decoder_layers=depths[1]))
+        num_layers=depths[0], num_decoder_layers=depths[1], ffn_activation=activation))
     keras.utils.set_random_seed(7)
     model = build_model(cfg, toy_tokenizer, dtype="float32")
     rng = np.random.default_rng(0)

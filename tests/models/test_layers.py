@@ -94,11 +94,14 @@ def test_attention_symbolic_shapes_with_none_dims():
 @pytest.mark.parametrize("layer", [
     MultiHeadAttention(16, 2, dropout=0.1, self_attention=False, use_bias=False, name="mha"),
     FeedForward(16, 32, activation="gelu", name="ffn"),
+    FeedForward(16, 32, activation="swiglu", name="gated_ffn"),
     TransformerEmbedding(10, 16, dropout=0.2, name="emb"),
     TransformerEncoderLayer(16, 32, 2, 0.2, 0.1, True, 1e-5, name="enc_layer"),
     TransformerDecoderLayer(16, 32, 2, 0.2, 0.1, True, 1e-5, name="dec_layer"),
     TransformerEncoder(2, 16, 32, 2, 0.2, 0.1, True, 1e-5, name="encoder"),
     TransformerDecoder(2, 16, 32, 2, 0.2, 0.1, True, 1e-5, name="decoder"),
+    TransformerEncoder(2, 16, 32, 2, 0.2, 0.1, True, 1e-5, "geglu", name="geglu_encoder"),
+    TransformerDecoder(2, 16, 32, 2, 0.2, 0.1, True, 1e-5, "swiglu", name="swiglu_decoder"),
 ])
 def test_layer_config_round_trip(layer):
     config = layer.get_config()
@@ -109,6 +112,36 @@ def test_layer_config_round_trip(layer):
             assert getattr(layer, key) == value, key
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
+
+
+@pytest.mark.parametrize("activation,gate", [("relu", None), ("gelu", None),
+                                             ("swiglu", "silu"), ("geglu", "gelu")])
+def test_feed_forward_values_equal_numpy(activation, gate):
+    erf = np.vectorize(math.erf)
+    keras.utils.set_random_seed(3)
+    ffn = FeedForward(4, 6, activation=activation)
+    ffn.build()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 4)).astype("float32")
+    for v in ffn.weights:
+        v.assign(rng.normal(size=v.shape).astype("float32"))
+    w1, b1 = (ops.convert_to_numpy(v) for v in ffn.intermediate_dense.weights)
+    w2, b2 = (ops.convert_to_numpy(v) for v in ffn.output_dense.weights)
+    silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
+    gelu = lambda z: 0.5 * z * (1 + erf(z / np.sqrt(2)))  # noqa: E731
+    act = {"relu": lambda z: np.maximum(z, 0), "gelu": gelu, "silu": silu}
+    h = x @ w1 + b1
+    # Gated: one (4, 12) kernel, the gate's 6 columns first, then the linear half's.
+    assert w1.shape == (4, 12 if gate else 6)
+    inner = act[gate](h[..., :6]) * h[..., 6:] if gate else act[activation](h)
+    np.testing.assert_allclose(ops.convert_to_numpy(ffn(x)), inner @ w2 + b2,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_feed_forward_rejects_an_unknown_activation_naming_the_choices():
+    with pytest.raises(ValueError, match=r"`ffn_activation` must be one of relu, gelu, "
+                                         r"swiglu, geglu\. Received: 'glu'"):
+        FeedForward(4, 6, activation="glu")
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
