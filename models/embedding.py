@@ -45,7 +45,7 @@ def sinusoidal_table(length, dim, start=0, dtype="float32"):
 
 @keras.saving.register_keras_serializable(package="aiayn")
 class TransformerEmbedding(keras.layers.Layer):
-    """``dropout(sqrt(d_model) * E[token] + PE[position])``.
+    """``dropout(token_dropout(sqrt(d_model) * E[token]) + PE[position])``.
 
     The token table is shared by encoder, decoder and (when tied) the output projection
     (§3.4); it is initialised with std ``hidden_dim ** -0.5`` so that the scaled embedding
@@ -55,6 +55,10 @@ class TransformerEmbedding(keras.layers.Layer):
       vocabulary_size: number of token ids.
       hidden_dim: d_model.
       dropout: P_drop applied to the sum (§5.4).
+      token_dropout: the probability that a token's whole embedding is zeroed in training, its
+        position kept ("word dropout": Gal & Ghahramani, 2016; Sennrich & Zhang, 2019); kept
+        tokens are scaled by ``1 / (1 - token_dropout)``. 0 (the paper) builds no layer, so the
+        weights are the paper model's.
 
     Call args:
       token_ids: int ``(batch_size, seq_len)``.
@@ -65,7 +69,7 @@ class TransformerEmbedding(keras.layers.Layer):
       ``(batch_size, seq_len, hidden_dim)`` in the compute dtype.
     """
 
-    def __init__(self, vocabulary_size, hidden_dim, dropout=0.0, **kwargs):
+    def __init__(self, vocabulary_size, hidden_dim, dropout=0.0, token_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         if hidden_dim % 2:
             raise ValueError(
@@ -77,6 +81,7 @@ class TransformerEmbedding(keras.layers.Layer):
         self.vocabulary_size = vocabulary_size
         self.hidden_dim = hidden_dim
         self.dropout = dropout
+        self.token_dropout = token_dropout
         self.token_embedding = keras.layers.Embedding(
             vocabulary_size,
             hidden_dim,
@@ -85,6 +90,11 @@ class TransformerEmbedding(keras.layers.Layer):
             name="token_embedding",
         )
         self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy, name="dropout")
+        # One draw a token (the mask's last axis 1): Keras's mask, a (batch, seq_len, 1) tensor.
+        self.token_dropout_layer = None
+        if token_dropout:
+            self.token_dropout_layer = Dropout(token_dropout, noise_shape=(None, None, 1),
+                                               dtype=self.dtype_policy, name="token_dropout")
         self._scale = math.sqrt(hidden_dim)
 
     def build(self, input_shape=None):
@@ -98,6 +108,8 @@ class TransformerEmbedding(keras.layers.Layer):
 
     def call(self, token_ids, start_index=0, training=None):
         x = self.token_embedding(token_ids) * ops.cast(self._scale, self.compute_dtype)
+        if self.token_dropout_layer is not None:
+            x = self.token_dropout_layer(x, training=training)
         length = ops.shape(token_ids)[1]
         positions = sinusoidal_table(length, self.hidden_dim, start_index, self.compute_dtype)
         x = x + positions[None, :, :]  # (batch, seq_len, hidden_dim)
@@ -109,5 +121,5 @@ class TransformerEmbedding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(vocabulary_size=self.vocabulary_size, hidden_dim=self.hidden_dim,
-                      dropout=self.dropout)
+                      dropout=self.dropout, token_dropout=self.token_dropout)
         return config

@@ -34,6 +34,8 @@ class Transformer(keras.Model):
       num_heads: h.
       dropout: P_drop (embeddings sums and every sub-layer output, §5.4).
       attention_dropout: dropout on attention weights (0 in the paper).
+      token_dropout: the probability that a source or target token's embedding is zeroed in
+        training (word dropout; 0 in the paper): ``TransformerEmbedding``.
       norm_first: pre-norm residual blocks instead of the paper's post-norm.
       tie_embeddings: the pre-softmax projection reuses the shared embedding matrix (§3.4).
       max_position: longest target the model decodes (``generate`` caps its length here).
@@ -65,7 +67,7 @@ class Transformer(keras.Model):
                  intermediate_dim=2048, num_heads=8, dropout=0.1, attention_dropout=0.0,
                  norm_first=False, tie_embeddings=True, max_position=1024,
                  layer_norm_epsilon=1e-6, num_decoder_layers=None, ffn_activation="relu",
-                 **kwargs):
+                 token_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         if not 0 <= pad_id < vocabulary_size:
             raise ValueError(
@@ -88,12 +90,14 @@ class Transformer(keras.Model):
         self.max_position = max_position
         self.layer_norm_epsilon = layer_norm_epsilon
         self.ffn_activation = ffn_activation
+        self.token_dropout = token_dropout
         stack = dict(hidden_dim=hidden_dim,
                      intermediate_dim=intermediate_dim, num_heads=num_heads, dropout=dropout,
                      attention_dropout=attention_dropout, norm_first=norm_first,
                      layer_norm_epsilon=layer_norm_epsilon, ffn_activation=ffn_activation,
                      dtype=self.dtype_policy)
         self.embedding = TransformerEmbedding(vocabulary_size, hidden_dim, dropout,
+                                              token_dropout=token_dropout,
                                               dtype=self.dtype_policy, name="embedding")
         self.encoder = TransformerEncoder(num_layers, name="encoder", **stack)
         self.decoder = TransformerDecoder(self.num_decoder_layers, name="decoder", **stack)
@@ -357,5 +361,5 @@ class Transformer(keras.Model):
                       norm_first=self.norm_first, tie_embeddings=self.tie_embeddings,
                       max_position=self.max_position,
                       layer_norm_epsilon=self.layer_norm_epsilon,
-                      ffn_activation=self.ffn_activation)
+                      ffn_activation=self.ffn_activation, token_dropout=self.token_dropout)
         return config

@@ -125,6 +125,9 @@ class ModelConfig:
     # relu (the paper), gelu, or gated (Shazeer, 2020): swiglu, geglu, whose inner layer is
     # 2 * intermediate_dim wide (two thirds of the ReLU width keeps the parameters and FLOPs).
     ffn_activation: str = "relu"
+    # Word dropout (Sennrich & Zhang, 2019): the share of source and target tokens whose whole
+    # embedding is zeroed in training (switched with model.dropout by train.late_dropout).
+    token_dropout: float = 0.0
 
     @property
     def decoder_layers(self) -> int:
@@ -364,6 +367,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("model", "num_heads"): _AT_LEAST_1,
     ("model", "dropout"): _PROBABILITY,
     ("model", "attention_dropout"): _PROBABILITY,
+    ("model", "token_dropout"): _PROBABILITY,
     ("model", "max_position"): _AT_LEAST_1,
     ("model", "layer_norm_epsilon"): _POSITIVE,
     ("train", "steps"): _AT_LEAST_1,

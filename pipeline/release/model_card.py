@@ -219,9 +219,11 @@ def _activation(m: Any) -> str:
 
 
 def _dropout(cfg: Any) -> str:
-    """``"0.2"``, or ``"0.2 (from 0.25 of the run; none before)"`` with late dropout."""
-    rate, late = cfg.model.dropout, cfg.train.late_dropout
-    return f"{rate:g} (from {late:g} of the run; none before)" if late and rate else f"{rate:g}"
+    """``"0.2"``, or ``"0.2 (from 0.25 of the run; none before)"`` with late dropout, and
+    ``"; tokens 0.1"`` with token (word) dropout."""
+    rate, late, tokens = cfg.model.dropout, cfg.train.late_dropout, cfg.model.token_dropout
+    text = f"{rate:g}" + (f"; tokens {tokens:g}" if tokens else "")
+    return f"{text} (from {late:g} of the run; none before)" if late and (rate or tokens) else text
 
 
 def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None) -> list[str]:
