@@ -153,6 +153,7 @@ BAD_VALUES = [
     ("model.dropout=1", "model.dropout", "1", "a finite number in [0, 1)"),
     ("model.attention_dropout=-0.1", "model.attention_dropout", "-0.1",
      "a finite number in [0, 1)"),
+    ("model.token_dropout=1", "model.token_dropout", "1", "a finite number in [0, 1)"),
     ("train.label_smoothing=1", "train.label_smoothing", "1", "a finite number in [0, 1)"),
     ("train.beta_1=1", "train.beta_1", "1", "a finite number in [0, 1)"),
     ("train.late_dropout=1", "train.late_dropout", "1", "a finite number in [0, 1)"),

@@ -218,15 +218,17 @@ def test_card_names_the_feed_forward_activation(run_cfg, activation, expected):
     assert expected in write_model_card(cfg)
 
 
-@pytest.mark.parametrize("rate, late, expected", [
-    (0.2, 0.0, "| dropout P_drop | 0.2 |"),
-    (0.2, 0.25, "| dropout P_drop | 0.2 (from 0.25 of the run; none before) |"),
-    (0.0, 0.25, "| dropout P_drop | 0 |")])
-def test_card_says_when_dropout_started(run_cfg, rate, late, expected):
+@pytest.mark.parametrize("rate, tokens, late, expected", [
+    (0.2, 0.0, 0.0, "| dropout P_drop | 0.2 |"),
+    (0.2, 0.0, 0.25, "| dropout P_drop | 0.2 (from 0.25 of the run; none before) |"),
+    (0.0, 0.0, 0.25, "| dropout P_drop | 0 |"),
+    (0.2, 0.1, 0.0, "| dropout P_drop | 0.2; tokens 0.1 |"),
+    (0.0, 0.1, 0.25, "| dropout P_drop | 0; tokens 0.1 (from 0.25 of the run; none before) |")])
+def test_card_says_when_dropout_started(run_cfg, rate, tokens, late, expected):
     from aiayn.pipeline.release.model_card import write_model_card
 
     cfg = dataclasses.replace(
-        run_cfg, model=dataclasses.replace(run_cfg.model, dropout=rate),
+        run_cfg, model=dataclasses.replace(run_cfg.model, dropout=rate, token_dropout=tokens),
         train=dataclasses.replace(run_cfg.train, late_dropout=late))
     assert expected in write_model_card(cfg)
 

@@ -83,7 +83,10 @@ def test_config_round_trips_and_the_model_uses_it_everywhere():
     clone = Dropout.from_config(layer.get_config())
     assert type(clone) is Dropout and clone.rate == 0.2 and clone.seed == 9
     assert layer.get_config() == keras.layers.Dropout(0.2, seed=9, name="d").get_config()
-    model = make_model(dropout=0.1, attention_dropout=0.1)
+    model = make_model(dropout=0.1, attention_dropout=0.1, token_dropout=0.1)
     dropouts = [layer for layer in model._flatten_layers()
                 if isinstance(layer, keras.layers.Dropout)]
     assert dropouts and all(type(layer) is Dropout for layer in dropouts)
+    # Word dropout is one of them (so late dropout switches it too), one draw a token.
+    words = [layer for layer in dropouts if layer.name == "token_dropout"]
+    assert len(words) == 1 and words[0].rate == 0.1 and words[0].noise_shape == (None, None, 1)

@@ -64,6 +64,23 @@ def test_embedding_scale_and_dropout_only_in_training():
     assert not np.allclose(ops.convert_to_numpy(layer(ids, training=True)), out)
 
 
+def test_token_dropout_zeroes_whole_token_embeddings_and_keeps_their_positions():
+    keras.utils.set_random_seed(1)
+    layer = TransformerEmbedding(50, 16, token_dropout=0.3)
+    ids = np.random.default_rng(0).integers(1, 50, size=(64, 32))
+    positions = ops.convert_to_numpy(sinusoidal_table(32, 16))[None]
+    tokens = ops.convert_to_numpy(layer(ids, training=False)) - positions
+    np.testing.assert_allclose(tokens, ops.convert_to_numpy(layer.embeddings)[ids] * 4.0,
+                               atol=1e-5)  # inference: the identity
+    kept = ops.convert_to_numpy(layer(ids, training=True)) - positions
+    dropped = np.all(np.abs(kept) < 1e-6, axis=-1)  # (64, 32): one draw per token
+    assert np.array_equal(np.any(np.abs(kept) < 1e-6, axis=-1), dropped)  # all or nothing
+    assert abs(dropped.mean() - 0.3) < 0.03  # 2,048 tokens: the binomial's std is 0.01
+    np.testing.assert_allclose(kept[~dropped], tokens[~dropped] / 0.7, rtol=1e-4, atol=1e-5)
+    assert [tuple(w.shape) for w in layer.weights] == [(50, 16)]  # no weights of its own
+    assert TransformerEmbedding(50, 16).token_dropout_layer is None  # 0 (the paper): no layer
+
+
 def test_attention_errors_name_expected_and_received():
     with pytest.raises(ValueError, match=r"must divide `hidden_dim`.*hidden_dim=16, num_heads=3"):
         MultiHeadAttention(hidden_dim=16, num_heads=3)
@@ -96,6 +113,7 @@ def test_attention_symbolic_shapes_with_none_dims():
     FeedForward(16, 32, activation="gelu", name="ffn"),
     FeedForward(16, 32, activation="swiglu", name="gated_ffn"),
     TransformerEmbedding(10, 16, dropout=0.2, name="emb"),
+    TransformerEmbedding(10, 16, dropout=0.2, token_dropout=0.1, name="word_dropout_emb"),
     TransformerEncoderLayer(16, 32, 2, 0.2, 0.1, True, 1e-5, name="enc_layer"),
     TransformerDecoderLayer(16, 32, 2, 0.2, 0.1, True, 1e-5, name="dec_layer"),
     TransformerEncoder(2, 16, 32, 2, 0.2, 0.1, True, 1e-5, name="encoder"),

@@ -132,9 +132,10 @@ def test_constructor_errors():
 
 
 def test_config_and_keras_file_round_trip(tmp_path):
-    model = make_model(norm_first=True)
+    model = make_model(norm_first=True, token_dropout=0.1)
     config = model.get_config()
     assert {k: config[k] for k in TINY} == {**TINY, "norm_first": True}
+    assert config["token_dropout"] == 0.1
     clone = Transformer.from_config(config)
     assert clone.get_config() == config
     features = make_batch()
