@@ -57,8 +57,8 @@ class TransformerEmbedding(keras.layers.Layer):
       dropout: P_drop applied to the sum (§5.4).
       token_dropout: the probability that a token's whole embedding is zeroed in training, its
         position kept ("word dropout": Gal & Ghahramani, 2016; Sennrich & Zhang, 2019); kept
-        tokens are scaled by ``1 / (1 - token_dropout)``. 0 (the paper) builds no layer, so the
-        weights are the paper model's.
+        tokens are scaled by ``1 / (1 - token_dropout)``. It has no weights; 0 (the paper) builds
+        no layer, so a seeded model draws the same initial weights as before the option.
 
     Call args:
       token_ids: int ``(batch_size, seq_len)``.
