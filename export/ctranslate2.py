@@ -12,7 +12,9 @@ SavedModel's text semantics: the run's SentencePiece model, the one source limit
 On disk, beside the SavedModel versions (``<base_dir>/<model_name>/<version>/``)::
 
     <base_dir>/ctranslate2/<model_name>[-<quantization>]/<version>/
-        model.bin, config.json, shared_vocabulary.json   CTranslate2's own files
+        model.bin, config.json, shared_vocabulary.json   CTranslate2's own files (source_ and
+                                                        target_vocabulary.json for a model
+                                                        with output ids)
         spm.model                                       the SentencePiece model
         aiayn_ct2.json                                  limits, search settings, special ids,
                                                         protect_pattern
@@ -138,11 +140,15 @@ def _array(variable) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
 
 
-def _set_linear(spec, dense) -> None:
-    """Keras ``Dense`` (kernel ``(in, out)``) -> CTranslate2 linear (weight ``(out, in)``)."""
-    spec.weight = np.ascontiguousarray(_array(dense.kernel).T)
-    if dense.use_bias:
-        spec.bias = _array(dense.bias)
+def _set_linear(spec, dense, outputs=None) -> None:
+    """Keras ``Dense`` (kernel ``(in, out)``) -> CTranslate2 linear (weight ``(out, in)``);
+    ``outputs``: only these output units, in this order (None: all)."""
+    weight, bias = _array(dense.kernel).T, _array(dense.bias) if dense.use_bias else None
+    if outputs is not None:
+        weight, bias = weight[outputs], None if bias is None else bias[outputs]
+    spec.weight = np.ascontiguousarray(weight)
+    if bias is not None:
+        spec.bias = bias
 
 
 def _set_norm(spec, norm) -> None:
@@ -189,7 +195,8 @@ def transformer_spec(model: Any, pieces: Sequence[str], special: dict[str, str])
 
     Args:
       model: an ``aiayn.models.transformer.Transformer`` with its weights.
-      pieces: the SentencePiece pieces by id (the shared source and target vocabulary).
+      pieces: the SentencePiece pieces by id (the shared source and target vocabulary; the
+        target vocabulary is ``model.output_ids``' pieces where the model has them).
       special: ``unk``, ``bos``, ``eos`` pieces.
 
     Returns:
@@ -216,8 +223,12 @@ def transformer_spec(model: Any, pieces: Sequence[str], special: dict[str, str])
         stack_spec.position_encodings.encodings = positions
         if model.norm_first:
             _set_norm(stack_spec.layer_norm, stack.final_norm)
+    # A model restricted to output ids (data.output_vocabulary=target) has a target vocabulary
+    # of those pieces: its rows of the table, its columns of an untied projection.
+    output = None if model.output_ids is None else list(model.output_ids)
+    target_table = table if output is None else np.ascontiguousarray(table[output])
     spec.encoder.embeddings[0].weight = table
-    spec.decoder.embeddings.weight = table
+    spec.decoder.embeddings.weight = target_table
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder.encoder_layers):
         _set_self_attention(layer_spec.self_attention, layer)
         _set_ffn(layer_spec.ffn, layer)
@@ -226,9 +237,9 @@ def transformer_spec(model: Any, pieces: Sequence[str], special: dict[str, str])
         _set_cross_attention(layer_spec.attention, layer)
         _set_ffn(layer_spec.ffn, layer)
     if model.output_projection is None:
-        spec.decoder.projection.weight = table  # tied: logits = x E^T, no bias
+        spec.decoder.projection.weight = target_table  # tied: logits = x E^T, no bias
     else:
-        _set_linear(spec.decoder.projection, model.output_projection)
+        _set_linear(spec.decoder.projection, model.output_projection, output)
     spec.config.layer_norm_epsilon = float(model.layer_norm_epsilon)
     spec.config.unk_token = special["unk"]
     spec.config.bos_token = special["bos"]
@@ -237,7 +248,8 @@ def transformer_spec(model: Any, pieces: Sequence[str], special: dict[str, str])
     spec.config.add_source_bos = False  # the source side carries no BOS / EOS
     spec.config.add_source_eos = False
     spec.register_source_vocabulary(list(pieces))
-    spec.register_target_vocabulary(list(pieces))
+    spec.register_target_vocabulary(list(pieces) if output is None
+                                    else [pieces[i] for i in output])
     return spec
 
 

@@ -3,7 +3,29 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops
+
+
+def output_positions(output_ids):
+    """``output_ids`` (the token ids a model's logits cover, in their order) -> a function that
+    maps int labels ``(B, T)`` to ``(positions, known)``: each label's column in those logits,
+    and whether the label is one of them at all (a label outside them gets column 0 and
+    ``known`` False). ``None`` (logits over the whole vocabulary): labels are their own
+    columns, all known.
+    """
+    if output_ids is None:
+        return lambda labels: (labels, None)
+    ids = np.asarray(output_ids, dtype="int64")
+    table = np.full(int(ids.max()) + 2, -1, dtype="int32")  # the last entry: any larger id
+    table[ids] = np.arange(len(ids), dtype="int32")
+    last = len(table) - 1
+
+    def positions(labels):
+        column = ops.take(ops.convert_to_tensor(table), ops.clip(labels, 0, last))
+        return ops.maximum(column, 0), ops.greater_equal(column, 0)
+
+    return positions
 
 
 def _smoothed_cross_entropy(labels, logits, eps):
@@ -58,7 +80,10 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against ``(1 - eps) * one_hot + eps / V`` (§5.4, eps_ls = 0.1).
 
     Padding positions (``y_true == pad_id``) get no loss and no weight: the result is the mean
-    over real target tokens. The padding mask (times any ``sample_weight``) is handed to
+    over real target tokens. With ``output_ids`` (a model whose logits cover only those ids,
+    ``Transformer(output_ids=...)``), the labels are read as columns of those logits, the
+    smoothing is spread over them, and a label outside them (a piece the model cannot produce)
+    gets no loss and no weight either. The padding mask (times any ``sample_weight``) is handed to
     Keras's own reduction ``"mean_with_sample_weight"`` as the sample weight, which divides by
     the number of real tokens and scales by ``1 / num_replicas`` under ``tf.distribute`` (per
     replica: the mean over its real tokens; gradients summed over replicas average them).
@@ -66,9 +91,12 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     Args:
       label_smoothing: eps in ``[0, 1)``.
       pad_id: the padding id of the labels (from the tokenizer).
+      output_ids: the token ids of the logits' columns, in order (``Transformer.output_ids``);
+        None: every id of the vocabulary, column = id.
 
     Call args:
-      y_true: int ``(batch_size, tgt_len)``; y_pred: logits ``(batch_size, tgt_len, V)``.
+      y_true: int ``(batch_size, tgt_len)`` token ids; y_pred: logits ``(batch_size, tgt_len,
+        V)`` (``V = len(output_ids)`` when given).
 
     Returns:
       float32 scalar.
@@ -78,7 +106,7 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     """
 
     def __init__(self, label_smoothing=0.1, pad_id=0, name="label_smoothed_cross_entropy",
-                 reduction="mean_with_sample_weight", dtype=None):
+                 reduction="mean_with_sample_weight", dtype=None, output_ids=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(
@@ -86,15 +114,16 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
                 "The paper uses 0.1.")
         self.label_smoothing = label_smoothing
         self.pad_id = pad_id
+        self.output_ids = None if output_ids is None else [int(i) for i in output_ids]
+        self._positions = output_positions(self.output_ids)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        weight = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            if len(sample_weight.shape) == 1:  # one weight per sentence
-                sample_weight = sample_weight[:, None]
-            weight = weight * sample_weight
-        return super().__call__(y_true, y_pred, sample_weight=weight)
+        labels = ops.cast(y_true, "int32")
+        weight = _token_weight(labels, self.pad_id, sample_weight)
+        columns, known = self._positions(labels)
+        if known is not None:
+            weight = weight * ops.cast(known, "float32")
+        return super().__call__(columns, y_pred, sample_weight=weight)
 
     def call(self, y_true, y_pred):
         labels = ops.cast(y_true, "int32")  # (B, T)
@@ -103,8 +132,20 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         config = super().get_config()
-        config.update(label_smoothing=self.label_smoothing, pad_id=self.pad_id)
+        config.update(label_smoothing=self.label_smoothing, pad_id=self.pad_id,
+                      output_ids=self.output_ids)
         return config
+
+
+def _token_weight(labels, pad_id, sample_weight):
+    """1 for real tokens, 0 for padding, times ``sample_weight`` (per token or per sentence)."""
+    weight = ops.cast(ops.not_equal(labels, pad_id), "float32")
+    if sample_weight is not None:
+        sample_weight = ops.cast(sample_weight, "float32")
+        if len(sample_weight.shape) == 1:  # one weight per sentence
+            sample_weight = sample_weight[:, None]
+        weight = weight * sample_weight
+    return weight
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
@@ -124,11 +165,15 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     Args:
       pad_id: the padding id of the labels.
+      output_ids: as :class:`MaskedLabelSmoothedCrossEntropy`'s (a label outside them is not
+        counted).
     """
 
-    def __init__(self, pad_id=0, name="masked_accuracy", dtype=None):
+    def __init__(self, pad_id=0, name="masked_accuracy", dtype=None, output_ids=None):
         super().__init__(name=name, dtype=dtype or "float32")
         self.pad_id = pad_id
+        self.output_ids = None if output_ids is None else [int(i) for i in output_ids]
+        self._positions = output_positions(self.output_ids)
         self.correct = self.add_variable(shape=(), initializer="zeros", dtype="float32",
                                          name="correct")
         self.count = self.add_variable(shape=(), initializer="zeros", dtype="float32",
@@ -136,13 +181,11 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        label_logits = ops.take_along_axis(y_pred, labels[..., None], axis=-1)[..., 0]
-        weight = ops.cast(ops.not_equal(labels, self.pad_id), "float32")  # (B, T)
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            if len(sample_weight.shape) == 1:
-                sample_weight = sample_weight[:, None]
-            weight = weight * sample_weight
+        weight = _token_weight(labels, self.pad_id, sample_weight)  # (B, T)
+        columns, known = self._positions(labels)
+        if known is not None:
+            weight = weight * ops.cast(known, "float32")
+        label_logits = ops.take_along_axis(y_pred, columns[..., None], axis=-1)[..., 0]
         right = ops.greater_equal(label_logits, ops.max(y_pred, axis=-1))
         hits = ops.cast(right, "float32") * weight
         self.correct.assign_add(ops.sum(hits))
@@ -157,5 +200,5 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     def get_config(self):
         config = super().get_config()
-        config.update(pad_id=self.pad_id)
+        config.update(pad_id=self.pad_id, output_ids=self.output_ids)
         return config

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import keras
+import numpy as np
 from keras import ops
 
 from aiayn.models import decoding
@@ -43,6 +44,11 @@ class Transformer(keras.Model):
       ffn_activation: the feed-forward networks' activation: ``"relu"`` (the paper),
         ``"gelu"``, or gated (Shazeer, 2020) ``"swiglu"`` / ``"geglu"``, whose inner layer is
         ``2 * intermediate_dim`` wide (``models.feedforward.FeedForward``).
+      output_ids: the token ids the decoder may produce, ascending (None: the whole joint
+        vocabulary, the paper). With a joint vocabulary a third or more of the pieces occur
+        only on the source side; the training forward pass then projects onto these rows of
+        the table only (fewer FLOPs in the projection, the softmax and the loss), and
+        decoding never produces another id. The weights are the same either way.
 
     Call args:
       inputs: dict with ``encoder_token_ids`` int ``(B, S)``, ``encoder_padding_mask`` bool
@@ -51,7 +57,10 @@ class Transformer(keras.Model):
       training: enables dropout.
 
     Returns:
-      logits float32 ``(B, T, vocabulary_size)`` (also under mixed precision).
+      logits float32 ``(B, T, V)`` (also under mixed precision): column ``j`` is token
+      ``output_ids[j]``, ``V = len(output_ids)``; without ``output_ids``, ``V =
+      vocabulary_size`` and column = id. (:meth:`decode_step` always returns all
+      ``vocabulary_size`` columns.)
 
     Raises:
       ValueError: inconsistent sizes (e.g. ``num_heads`` does not divide ``hidden_dim``,
@@ -67,13 +76,14 @@ class Transformer(keras.Model):
                  intermediate_dim=2048, num_heads=8, dropout=0.1, attention_dropout=0.0,
                  norm_first=False, tie_embeddings=True, max_position=1024,
                  layer_norm_epsilon=1e-6, num_decoder_layers=None, ffn_activation="relu",
-                 token_dropout=0.0, **kwargs):
+                 token_dropout=0.0, output_ids=None, **kwargs):
         super().__init__(**kwargs)
         if not 0 <= pad_id < vocabulary_size:
             raise ValueError(
                 f"`pad_id` must be a token id in [0, vocabulary_size={vocabulary_size}). "
                 f"Received: pad_id={pad_id}. Fix: read it from the tokenizer (`.pad_id`)."
             )
+        self.output_ids = _checked_output_ids(output_ids, vocabulary_size)
         if max_position < 1:
             raise ValueError(f"`max_position` must be positive. Received: {max_position}.")
         self.vocabulary_size = vocabulary_size
@@ -142,15 +152,25 @@ class Transformer(keras.Model):
             logits = ops.matmul(flat, output_kernel)  # (B * T, V)
             if self.output_projection is not None and self.output_projection.use_bias:
                 logits = logits + ops.cast(self.output_projection.bias, logits.dtype)
-        elif self.output_projection is not None:
+        elif self.output_projection is not None and self.output_ids is None:
             logits = self.output_projection(flat)
+        elif self.output_projection is not None:  # the output columns only
+            columns = ops.convert_to_tensor(self.output_ids, "int32")
+            kernel = ops.take(ops.cast(self.output_projection.kernel, x.dtype), columns, axis=1)
+            logits = ops.matmul(flat, kernel)
+            if self.output_projection.use_bias:
+                logits = logits + ops.take(ops.cast(self.output_projection.bias, x.dtype),
+                                           columns, axis=0)
         else:
             # §3.4: the same matrix as the embeddings (transposed), in the compute dtype.
-            table = ops.cast(self.embedding.embeddings, x.dtype)  # (V, hidden)
+            table = self.embedding.embeddings  # (V, hidden)
+            if self.output_ids is not None:  # the output rows only (their gradient: a scatter)
+                table = ops.take(table, ops.convert_to_tensor(self.output_ids, "int32"), axis=0)
+            table = ops.cast(table, x.dtype)
             logits = ops.matmul(flat, ops.transpose(table))  # (B * T, V), transpose folded
         if len(x.shape) == 3:
             logits = ops.reshape(logits, (ops.shape(x)[0], ops.shape(x)[1],
-                                          self.vocabulary_size))
+                                          ops.shape(logits)[-1]))
         return ops.cast(logits, "float32")
 
     def encode(self, encoder_token_ids, encoder_padding_mask, training=False):
@@ -309,6 +329,10 @@ class Transformer(keras.Model):
         if stop_rule not in decoding.STOP_RULES:  # checked for greedy search too (a typo errs)
             raise ValueError(f"`stop_rule` must be one of {', '.join(decoding.STOP_RULES)}. "
                              f"Received: {stop_rule!r}.")
+        if self.output_ids is not None and int(eos_id) not in self.output_ids:
+            raise ValueError(
+                f"`eos_id` {eos_id} is not one of the model's `output_ids`, so no hypothesis "
+                "could end. Fix: include the special ids in `output_ids`.")
         if not self.built:
             self.build()
         token_ids = ops.cast(encoder_token_ids, "int32")
@@ -322,6 +346,10 @@ class Transformer(keras.Model):
         banned = ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
             ops.equal(vocab, bos_id),
             ops.logical_and(ops.equal(vocab, self.pad_id), ops.not_equal(self.pad_id, eos_id)))
+        if self.output_ids is not None:  # and every id the decoder was not trained to produce
+            allowed = np.zeros(self.vocabulary_size, dtype=bool)
+            allowed[list(self.output_ids)] = True
+            banned = ops.logical_or(banned, ops.logical_not(ops.convert_to_tensor(allowed)))
 
         if beam_size > 1 and dynamic_shapes:
             cache = self.growing_cache(memory, beam_size, length=max_length * 0)
@@ -361,5 +389,21 @@ class Transformer(keras.Model):
                       norm_first=self.norm_first, tie_embeddings=self.tie_embeddings,
                       max_position=self.max_position,
                       layer_norm_epsilon=self.layer_norm_epsilon,
-                      ffn_activation=self.ffn_activation, token_dropout=self.token_dropout)
+                      ffn_activation=self.ffn_activation, token_dropout=self.token_dropout,
+                      output_ids=None if self.output_ids is None else list(self.output_ids))
         return config
+
+
+def _checked_output_ids(output_ids, vocabulary_size):
+    """``output_ids`` as a tuple of ints, ascending, unique, in ``[0, vocabulary_size)``."""
+    if output_ids is None:
+        return None
+    ids = tuple(int(i) for i in output_ids)
+    if not ids or any(b <= a for a, b in zip(ids, ids[1:])) or not (
+            0 <= ids[0] and ids[-1] < vocabulary_size):
+        raise ValueError(
+            "`output_ids` must be token ids in [0, vocabulary_size="
+            f"{vocabulary_size}), ascending and unique. Received {len(ids)} ids"
+            + (f" from {ids[0]} to {ids[-1]}." if ids else ".")
+            + " Fix: pass sorted(set(ids)), or None for the whole vocabulary.")
+    return ids

@@ -88,6 +88,10 @@ class DataConfig:
     # sets; the rarest characters become <unk>), else 1.0 (every character gets a piece).
     character_coverage: float = 0.0
     vocab_sample_size: int = 2_000_000
+    # The pieces the decoder may produce: joint (all of the shared vocabulary, the paper) or
+    # target (the specials and the pieces of the training split's target side; the training
+    # projection, softmax and loss then cover those only: pipeline/data/vocab.py output_ids).
+    output_vocabulary: str = "joint"
     # Subword regularisation of the training batches (Kudo, 2018; BPE-dropout for a bpe
     # vocabulary): each epoch segments every pair anew, sampled with inverse temperature
     # `subword_alpha` (0 = off: the one best segmentation, as dev, test and the export always
@@ -268,6 +272,7 @@ _VALID_CHOICES = {
     ("data", "format"): ("auto", "tsv", "text", "tfrecord", "tfds"),
     ("data", "on_error"): ("error", "skip"),
     ("data", "vocab_model_type"): ("unigram", "bpe", "char", "word"),
+    ("data", "output_vocabulary"): ("joint", "target"),
     # pipeline.data.bible.extract.EXTRA_SOURCE_MODULES (the SWORD modules Debian packages).
     ("data", "bible_extra_sources"): ("engKJV2006eb",),
     # sacreBLEU tokenizers that need no download (not flores101/200, spm).
@@ -688,6 +693,11 @@ def validate(cfg: Config) -> None:
             f"`data.subword_nbest` is {d.subword_nbest}, which samples nothing: use -1 (every "
             "segmentation) or a count >= 2 with `data.subword_alpha` > 0, or set "
             "`data.subword_alpha=0` to turn subword sampling off.")
+    if d.subword_alpha > 0 and d.output_vocabulary == "target":
+        raise ConfigError(
+            "`data.output_vocabulary=target` keeps the pieces of the training targets' best "
+            "segmentation, and `data.subword_alpha` > 0 samples others into the labels: set "
+            "`data.output_vocabulary=joint` with subword sampling, or `data.subword_alpha=0`.")
     bounds = d.bucket_boundaries
     if list(bounds) != sorted(set(bounds)):
         raise ConfigError(

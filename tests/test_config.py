@@ -229,12 +229,16 @@ def test_yaml_values_are_checked_like_overrides(tmp_path):
                                    r"got 'cosine'"),
     (["model.ffn_activation=glu"], r"`model.ffn_activation` must be one of relu, gelu, swiglu, "
                                    r"geglu; got 'glu'"),
+    (["data.output_vocabulary=source"], r"`data.output_vocabulary` must be one of joint, "
+                                        r"target; got 'source'"),
     # data
     (["data.token_budget=16"], r"`data.token_budget` \(16\) must be at least `data.max_length` "
                                r"\(32\)"),
     (["data.corpus="], r"`data.corpus` must not be empty"),
     (["data.subword_alpha=0.3", "data.subword_nbest=1"],
      r"`data.subword_nbest` is 1, which samples nothing: use -1.*`data.subword_alpha=0`"),
+    (["data.subword_alpha=0.3", "data.output_vocabulary=target"],
+     r"`data.output_vocabulary=target` keeps the pieces.*`data.subword_alpha=0`"),
     (["data.data_dir= "], r"`data.data_dir` must not be empty"),
     (["data.source_lang=e n"], r"`data.source_lang` must be a language code.*got 'e n'"),
     # the default corpus is English->Spanish: other languages need the user's own corpus

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -231,6 +232,19 @@ def test_card_says_when_dropout_started(run_cfg, rate, tokens, late, expected):
         run_cfg, model=dataclasses.replace(run_cfg.model, dropout=rate, token_dropout=tokens),
         train=dataclasses.replace(run_cfg.train, late_dropout=late))
     assert expected in write_model_card(cfg)
+
+
+def test_card_names_the_output_vocabulary_and_its_size(run_cfg):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    assert "output vocabulary" not in write_model_card(run_cfg)  # joint: the paper's
+    cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(run_cfg.data,
+                                                                output_vocabulary="target"))
+    row = "| output vocabulary | the {}pieces of the training targets and the specials "
+    assert row.format("") in write_model_card(cfg)  # not built yet: no count
+    (Path(cfg.data.data_dir) / "output_ids.json").write_text(
+        json.dumps({"output_pieces": 5213, "ids": []}), encoding="utf-8")
+    assert row.format("5,213 ") in write_model_card(cfg)
 
 
 @pytest.mark.parametrize("deadline, budget, expected", [

@@ -1,5 +1,6 @@
 """Vocabulary training: settings from the config, model types, atomic write, clear errors."""
 
+import json
 import unicodedata
 
 import pytest
@@ -7,7 +8,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from aiayn.pipeline.config import load_config
-from aiayn.pipeline.data.vocab import train_vocab, vocab_path
+from aiayn.pipeline.data.vocab import output_ids, train_vocab, vocab_path
 from aiayn.pipeline.errors import UserInputError
 
 
@@ -102,3 +103,36 @@ def test_character_coverage_follows_the_languages(toy_data_dir, tmp_path, langs,
     assert cfg.data.character_coverage == 0  # the default: by language
     proto = _proto(train_vocab(cfg))
     assert proto.trainer_spec.character_coverage == pytest.approx(coverage)
+
+
+def test_output_ids_are_the_specials_and_the_target_pieces_kept_until_the_data_changes(
+        toy_data_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text((toy_data_dir / "train.tsv").read_text(encoding="utf-8"),
+                                    encoding="utf-8")
+    assert output_ids(_config(data)) is None  # joint, the paper: the whole vocabulary
+    cfg = _config(data, "data.output_vocabulary=target")
+    with pytest.raises(UserInputError, match=r"spm.model not found: build the vocabulary"):
+        output_ids(cfg)
+    train_vocab(cfg)
+    processor = spm.SentencePieceProcessor(model_file=str(vocab_path(cfg)))
+    targets = [line.split("\t")[1] for line in
+               (data / "train.tsv").read_text(encoding="utf-8").splitlines() if line]
+    expected = sorted({0, 1, 2, 3} | {i for t in targets for i in processor.encode(t)})
+    ids = output_ids(cfg)
+    assert ids == expected and len(ids) < processor.get_piece_size()
+    kept = json.loads((data / "output_ids.json").read_text(encoding="utf-8"))
+    assert (kept["ids"], kept["output_pieces"], kept["vocabulary_size"]) == (
+        expected, len(expected), processor.get_piece_size())
+    # Kept: the file is what is read while spm.model and train.tsv are unchanged.
+    (data / "output_ids.json").write_text(json.dumps({**kept, "ids": [0, 1, 2, 3]}))
+    assert output_ids(cfg) == [0, 1, 2, 3]
+    (data / "train.tsv").write_text("Hello.\tHola.\n", encoding="utf-8")  # changed: read again
+    assert output_ids(cfg) == sorted({0, 1, 2, 3, *processor.encode("Hola.")})
+    (data / "train.tsv").unlink()  # no split: the kept ids, while spm.model matches
+    assert output_ids(cfg) == sorted({0, 1, 2, 3, *processor.encode("Hola.")})
+    (data / "output_ids.json").unlink()
+    with pytest.raises(UserInputError, match=r"train.tsv, which is missing.*"
+                                             r"`data.output_vocabulary=joint`"):
+        output_ids(cfg)

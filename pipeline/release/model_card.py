@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.pipeline.data.languages import base_language
+from aiayn.pipeline.data.vocab import OUTPUT_IDS_FILENAME
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
 
@@ -239,6 +240,11 @@ def _model_section(cfg: Any, parameters: int | None, vocabulary_size: int | None
             ("dropout P_drop", _dropout(cfg)), ("max positions", m.max_position)]
     if vocabulary_size:
         rows.append(("vocabulary (joint)", vocabulary_size))
+    if cfg.data.output_vocabulary == "target":
+        kept = _read_json(Path(cfg.data.data_dir) / OUTPUT_IDS_FILENAME) or {}
+        count = f"{kept['output_pieces']:,} " if "output_pieces" in kept else ""
+        rows.append(("output vocabulary", f"the {count}pieces of the training targets and the "
+                                          "specials (`data.output_vocabulary=target`)"))
     rows.append(("parameters", f"{parameters:,} ({parameters / 1e6:.3g} M)"
                  if parameters else "unknown"))
     return ["## Model", "", *_table(rows, ("", "")), ""]

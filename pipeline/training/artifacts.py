@@ -39,7 +39,7 @@ from aiayn.models.tokenizer import SubwordTokenizer
 from aiayn.models.transformer import Transformer
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.data.corpus import read_tsv_pairs, split_path
-from aiayn.pipeline.data.vocab import vocab_path
+from aiayn.pipeline.data.vocab import output_ids, vocab_path
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_output
 
@@ -104,12 +104,14 @@ def build_model(cfg: Config, tokenizer: SubwordTokenizer, dtype: str | None = No
     Args:
       cfg: the run configuration.
       tokenizer: the run's tokenizer (vocabulary size and pad id).
+      (The ids it may produce come from ``data.output_vocabulary``:
+      :func:`aiayn.pipeline.data.vocab.output_ids`.)
       dtype: a Keras dtype policy name; None = the global policy (training sets it). Evaluation
         and export pass ``"float32"``: the scores then describe exactly what is served, on any
         CPU (variables are float32 under every mixed policy, so weights load either way).
     """
     model = Transformer(vocabulary_size=tokenizer.vocabulary_size, pad_id=tokenizer.pad_id,
-                        dtype=dtype, **dataclasses.asdict(cfg.model))
+                        output_ids=output_ids(cfg), dtype=dtype, **dataclasses.asdict(cfg.model))
     model(dummy_features(), training=False)
     return model
 

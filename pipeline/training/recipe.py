@@ -86,10 +86,12 @@ def make_optimizer(cfg: Config) -> keras.optimizers.Optimizer:
         clipnorm=t.clipnorm or None, gradient_accumulation_steps=accum if accum > 1 else None)
 
 
-def make_loss_and_metrics(cfg: Config, pad_id: int):
+def make_loss_and_metrics(cfg: Config, pad_id: int, output_ids=None):
+    """The loss and metrics of ``cfg.train``; ``output_ids``: the model's (its logits' columns)."""
     loss = MaskedLabelSmoothedCrossEntropy(label_smoothing=cfg.train.label_smoothing,
-                                           pad_id=pad_id)
-    return loss, [MaskedAccuracy(pad_id=pad_id), TargetTokens(pad_id=pad_id)]
+                                           pad_id=pad_id, output_ids=output_ids)
+    return loss, [MaskedAccuracy(pad_id=pad_id, output_ids=output_ids),
+                  TargetTokens(pad_id=pad_id)]
 
 
 def compile_model(model: keras.Model, cfg: Config, pad_id: int, jit_compile: bool,
@@ -98,7 +100,7 @@ def compile_model(model: keras.Model, cfg: Config, pad_id: int, jit_compile: boo
     if policy == "mixed_float16":
         # Dynamic loss scaling keeps float16 gradients from underflowing.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    loss, metrics = make_loss_and_metrics(cfg, pad_id)
+    loss, metrics = make_loss_and_metrics(cfg, pad_id, getattr(model, "output_ids", None))
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=jit_compile)
     model.optimizer.build(model.trainable_variables)
     if getattr(model, "_distribute_strategy", None) is not None:

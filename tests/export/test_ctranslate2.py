@@ -34,24 +34,34 @@ def _options(cfg):
     return ServingOptions.from_configs(cfg.decode, cfg.export)
 
 
-@pytest.mark.parametrize("norm_first,tie_embeddings,depths,activation",
-                         [(False, True, (2, 0), "relu"), (True, False, (2, 0), "relu"),
-                          (False, True, (3, 1), "relu"), (False, True, (2, 0), "swiglu"),
-                          (True, True, (2, 0), "geglu"), (False, True, (2, 0), "gelu")],
+@pytest.mark.parametrize("norm_first,tie_embeddings,depths,activation,output",
+                         [(False, True, (2, 0), "relu", "joint"),
+                          (True, False, (2, 0), "relu", "joint"),
+                          (False, True, (3, 1), "relu", "joint"),
+                          (False, True, (2, 0), "swiglu", "joint"),
+                          (True, True, (2, 0), "geglu", "joint"),
+                          (False, True, (2, 0), "gelu", "joint"),
+                          (False, True, (2, 0), "relu", "target"),
+                          (True, False, (2, 0), "relu", "target")],
                          ids=["post-norm-tied", "pre-norm-untied", "deep-encoder-shallow-decoder",
-                              "swiglu", "pre-norm-geglu", "gelu"])
+                              "swiglu", "pre-norm-geglu", "gelu", "target-vocabulary-tied",
+                              "target-vocabulary-untied"])
 def test_conversion_reproduces_the_keras_model(norm_first, tie_embeddings, depths, activation,
-                                               toy_config, toy_tokenizer, tmp_path):
+                                               output, toy_config, toy_tokenizer, tmp_path):
     import keras
 
     from aiayn.export import ctranslate2 as ct2
     from aiayn.pipeline.training.artifacts import build_model
 
-    cfg = dataclasses.replace(toy_config, model=dataclasses.replace(
-        toy_config.model, norm_first=norm_first, tie_embeddings=tie_embeddings,
-        num_layers=depths[0], num_decoder_layers=depths[1], ffn_activation=activation))
+    cfg = dataclasses.replace(
+        toy_config, model=dataclasses.replace(
+            toy_config.model, norm_first=norm_first, tie_embeddings=tie_embeddings,
+            num_layers=depths[0], num_decoder_layers=depths[1], ffn_activation=activation),
+        data=dataclasses.replace(toy_config.data, output_vocabulary=output))
     keras.utils.set_random_seed(7)
     model = build_model(cfg, toy_tokenizer, dtype="float32")
+    if output == "target":  # the toy corpus's English-only pieces are not CTranslate2's targets
+        assert 4 < len(model.output_ids) < toy_tokenizer.vocabulary_size
     rng = np.random.default_rng(0)
     for variable in model.weights:  # biases, gammas and betas away from 0 / 1: they count
         if variable.path.endswith(("bias", "gamma", "beta")):
