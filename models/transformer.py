@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 import keras
-import numpy as np
 from keras import ops
 
 from aiayn.models import decoding
@@ -45,10 +44,11 @@ class Transformer(keras.Model):
         ``"gelu"``, or gated (Shazeer, 2020) ``"swiglu"`` / ``"geglu"``, whose inner layer is
         ``2 * intermediate_dim`` wide (``models.feedforward.FeedForward``).
       output_ids: the token ids the decoder may produce, ascending (None: the whole joint
-        vocabulary, the paper). With a joint vocabulary a third or more of the pieces occur
-        only on the source side; the training forward pass then projects onto these rows of
-        the table only (fewer FLOPs in the projection, the softmax and the loss), and
-        decoding never produces another id. The weights are the same either way.
+        vocabulary, the paper); they must include PAD, BOS and EOS. With a joint vocabulary
+        many pieces occur only on the source side (a third of the en->es Bible's); the
+        projection, the softmax and the loss then cover these rows of the table only (fewer
+        FLOPs in training and in every decoding step), and no other id is ever produced. The
+        weights are the same either way.
 
     Call args:
       inputs: dict with ``encoder_token_ids`` int ``(B, S)``, ``encoder_padding_mask`` bool
@@ -59,8 +59,8 @@ class Transformer(keras.Model):
     Returns:
       logits float32 ``(B, T, V)`` (also under mixed precision): column ``j`` is token
       ``output_ids[j]``, ``V = len(output_ids)``; without ``output_ids``, ``V =
-      vocabulary_size`` and column = id. (:meth:`decode_step` always returns all
-      ``vocabulary_size`` columns.)
+      vocabulary_size`` and column = id. (:meth:`decode_step` returns the same columns;
+      :meth:`generate` searches over them and returns token ids.)
 
     Raises:
       ValueError: inconsistent sizes (e.g. ``num_heads`` does not divide ``hidden_dim``,
@@ -126,7 +126,8 @@ class Transformer(keras.Model):
 
     # -- teacher forcing ----------------------------------------------------------------------
     def output_kernel(self):
-        """The pre-softmax projection ``(hidden, vocabulary_size)`` in the compute dtype.
+        """The pre-softmax projection ``(hidden, V)`` in the compute dtype, V the output
+        columns (``output_ids``, or the whole vocabulary).
 
         Tied (§3.4): the embedding table transposed, as a new tensor. Decoding computes it once
         before its loop and passes it to every step: on 2-core x86 CPUs a matmul against the
@@ -134,11 +135,21 @@ class Transformer(keras.Model):
         0.6x the speed of one against this copy; bench/decode_profile.py shows the share.
         """
         if self.output_projection is not None:
-            return ops.cast(self.output_projection.kernel, self.compute_dtype)
-        return ops.transpose(ops.cast(self.embedding.embeddings, self.compute_dtype))
+            kernel = ops.cast(self.output_projection.kernel, self.compute_dtype)
+            return kernel if self.output_ids is None else ops.take(
+                kernel, self._output_columns(), axis=1)
+        table = self.embedding.embeddings
+        if self.output_ids is not None:
+            table = ops.take(table, self._output_columns(), axis=0)
+        return ops.transpose(ops.cast(table, self.compute_dtype))
+
+    def _output_columns(self):
+        """``output_ids`` as an int32 tensor: the token id of each output column."""
+        return ops.convert_to_tensor(self.output_ids, "int32")
 
     def _logits(self, x, output_kernel=None):
-        """``(B, T, hidden)`` -> float32 ``(B, T, vocabulary_size)`` (or 2-D -> 2-D).
+        """``(B, T, hidden)`` -> float32 ``(B, T, V)`` over the output columns (``output_ids``,
+        or the whole vocabulary), or 2-D -> 2-D.
 
         ``output_kernel``: :meth:`output_kernel`, computed once by the caller (decoding);
         None: the projection reads the weights itself (training, where the transpose folds
@@ -148,24 +159,24 @@ class Transformer(keras.Model):
         # broadcasts the table over B, and its gradient is then B per-sentence (V, d) products
         # summed afterwards (a (B, V, d) intermediate; 1.5x the forward cost).
         flat = ops.reshape(x, (-1, self.hidden_dim)) if len(x.shape) == 3 else x
-        if output_kernel is not None:
-            logits = ops.matmul(flat, output_kernel)  # (B * T, V)
-            if self.output_projection is not None and self.output_projection.use_bias:
-                logits = logits + ops.cast(self.output_projection.bias, logits.dtype)
-        elif self.output_projection is not None and self.output_ids is None:
+        if self.output_projection is not None and self.output_ids is None \
+                and output_kernel is None:
             logits = self.output_projection(flat)
-        elif self.output_projection is not None:  # the output columns only
-            columns = ops.convert_to_tensor(self.output_ids, "int32")
-            kernel = ops.take(ops.cast(self.output_projection.kernel, x.dtype), columns, axis=1)
-            logits = ops.matmul(flat, kernel)
+        elif self.output_projection is not None:
+            kernel = self.output_kernel() if output_kernel is None else output_kernel
+            logits = ops.matmul(flat, ops.cast(kernel, flat.dtype))  # (B * T, V)
             if self.output_projection.use_bias:
-                logits = logits + ops.take(ops.cast(self.output_projection.bias, x.dtype),
-                                           columns, axis=0)
+                bias = self.output_projection.bias
+                if self.output_ids is not None:
+                    bias = ops.take(bias, self._output_columns(), axis=0)
+                logits = logits + ops.cast(bias, logits.dtype)
+        elif output_kernel is not None:
+            logits = ops.matmul(flat, output_kernel)  # (B * T, V)
         else:
             # §3.4: the same matrix as the embeddings (transposed), in the compute dtype.
             table = self.embedding.embeddings  # (V, hidden)
             if self.output_ids is not None:  # the output rows only (their gradient: a scatter)
-                table = ops.take(table, ops.convert_to_tensor(self.output_ids, "int32"), axis=0)
+                table = ops.take(table, self._output_columns(), axis=0)
             table = ops.cast(table, x.dtype)
             logits = ops.matmul(flat, ops.transpose(table))  # (B * T, V), transpose folded
         if len(x.shape) == 3:
@@ -238,7 +249,8 @@ class Transformer(keras.Model):
           output_kernel: :meth:`output_kernel`, computed once before the loop (or None).
 
         Returns:
-          ``(logits float32 (B * K, vocabulary_size) for position index + 1, cache)``.
+          ``(logits float32 (B * K, V) for position index + 1, cache)``, V the output columns
+          (as :meth:`call`'s).
         """
         x = self.embedding(token_ids[:, None], start_index=index, training=False)  # (BK, 1, d)
         if beam_size == 1:
@@ -280,8 +292,8 @@ class Transformer(keras.Model):
 
     def decode_step_growing(self, token_ids, cache, index, beam_size, output_kernel=None):
         """One decoder step on a :meth:`growing_cache`: ``token_ids`` ``(B * K,)`` at position
-        ``index`` -> ``(logits float32 (B * K, vocabulary_size), cache)`` (``output_kernel``
-        as :meth:`decode_step`)."""
+        ``index`` -> ``(logits float32 (B * K, V), cache)`` (V and ``output_kernel`` as
+        :meth:`decode_step`)."""
         x = self.embedding(token_ids[:, None], start_index=index, training=False)[:, 0]  # (BK, d)
         memory = cache["memory"]
         x, layers = self.decoder.call_growing(x, cache["layers"], memory["cross"],
@@ -317,8 +329,8 @@ class Transformer(keras.Model):
           first), ``lengths`` int32 ``(B, n_best)`` (tokens before EOS).
 
         Raises:
-          ValueError: ``beam_size < 1``, ``n_best`` not in ``[1, beam_size]`` or an unknown
-            ``stop_rule``.
+          ValueError: ``beam_size < 1``, ``n_best`` not in ``[1, beam_size]``, an unknown
+            ``stop_rule``, or BOS, EOS or PAD outside ``output_ids``.
         """
         if beam_size < 1:
             raise ValueError(f"`beam_size` must be at least 1. Received: {beam_size}.")
@@ -329,10 +341,9 @@ class Transformer(keras.Model):
         if stop_rule not in decoding.STOP_RULES:  # checked for greedy search too (a typo errs)
             raise ValueError(f"`stop_rule` must be one of {', '.join(decoding.STOP_RULES)}. "
                              f"Received: {stop_rule!r}.")
-        if self.output_ids is not None and int(eos_id) not in self.output_ids:
-            raise ValueError(
-                f"`eos_id` {eos_id} is not one of the model's `output_ids`, so no hypothesis "
-                "could end. Fix: include the special ids in `output_ids`.")
+        # The search runs over the output columns: with output_ids, column j is token
+        # output_ids[j] (the projection and its softmax cover those only), mapped back at the end.
+        bos, eos, pad = self._special_columns(bos_id, eos_id)
         if not self.built:
             self.build()
         token_ids = ops.cast(encoder_token_ids, "int32")
@@ -342,42 +353,65 @@ class Transformer(keras.Model):
         # One row per sentence: the K beams of a sentence are K queries against it.
         memory = self.encoder_memory(self.encode(token_ids, padding_mask), padding_mask)
         kernel = self.output_kernel()  # once, outside the loop: every step reads it
-        vocab = ops.arange(self.vocabulary_size, dtype="int32")
+        columns = ops.arange(len(self.output_ids or ()) or self.vocabulary_size, dtype="int32")
         banned = ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
-            ops.equal(vocab, bos_id),
-            ops.logical_and(ops.equal(vocab, self.pad_id), ops.not_equal(self.pad_id, eos_id)))
-        if self.output_ids is not None:  # and every id the decoder was not trained to produce
-            allowed = np.zeros(self.vocabulary_size, dtype=bool)
-            allowed[list(self.output_ids)] = True
-            banned = ops.logical_or(banned, ops.logical_not(ops.convert_to_tensor(allowed)))
+            ops.equal(columns, bos),
+            ops.logical_and(ops.equal(columns, pad), ops.not_equal(pad, eos)))
+        output_ids = None if self.output_ids is None else self._output_columns()
+
+        def token_at(ids, index):  # the token id at `index` of each row's columns
+            token = ops.take(ids, index, axis=1)
+            return token if output_ids is None else ops.take(output_ids, token)
 
         if beam_size > 1 and dynamic_shapes:
             cache = self.growing_cache(memory, beam_size, length=max_length * 0)
 
             def growing_step_fn(ids, cache, index):
-                token = ops.take(ids, index, axis=1)
-                logits, cache = self.decode_step_growing(token, cache, index, beam_size, kernel)
+                logits, cache = self.decode_step_growing(token_at(ids, index), cache, index,
+                                                         beam_size, kernel)
                 return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
 
-            return decoding.shrinking_beam_search(
-                growing_step_fn, cache, batch_size, bos_id, eos_id, self.pad_id, beam_size,
+            out = decoding.shrinking_beam_search(
+                growing_step_fn, cache, batch_size, bos, eos, pad, beam_size,
                 max_length, length_penalty, n_best,
                 reorder_fn=functools.partial(self.reorder_growing_cache, beam_size=beam_size),
                 stop_rule=stop_rule)
+            return self._as_token_ids(out)
         cache = self.init_cache(batch_size, max_length, beam_size)
 
         def step_fn(ids, cache, index):
-            token = ops.take(ids, index, axis=1)  # (N,) the token at position `index`
-            logits, cache = self.decode_step(token, cache, index, memory, beam_size, kernel)
+            logits, cache = self.decode_step(token_at(ids, index), cache, index, memory,
+                                             beam_size, kernel)
             return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
 
         if beam_size == 1:
-            out = decoding.greedy_search(step_fn, cache, batch_size, bos_id, eos_id,
-                                         self.pad_id, max_length, length_penalty)
-            return {key: ops.expand_dims(value, 1) for key, value in out.items()}
-        return decoding.beam_search(step_fn, cache, batch_size, bos_id, eos_id, self.pad_id,
-                                    beam_size, max_length, length_penalty, n_best,
-                                    reorder_fn=self.reorder_cache, stop_rule=stop_rule)
+            out = decoding.greedy_search(step_fn, cache, batch_size, bos, eos, pad, max_length,
+                                         length_penalty)
+            return self._as_token_ids({key: ops.expand_dims(value, 1)
+                                       for key, value in out.items()})
+        return self._as_token_ids(decoding.beam_search(
+            step_fn, cache, batch_size, bos, eos, pad, beam_size, max_length, length_penalty,
+            n_best, reorder_fn=self.reorder_cache, stop_rule=stop_rule))
+
+    def _special_columns(self, bos_id, eos_id):
+        """The output columns of BOS, EOS and PAD (their ids, without ``output_ids``)."""
+        if self.output_ids is None:
+            return bos_id, eos_id, self.pad_id
+        column = {token: j for j, token in enumerate(self.output_ids)}
+        named = (("bos_id", int(bos_id)), ("eos_id", int(eos_id)), ("pad_id", self.pad_id))
+        missing = [f"`{name}` {token}" for name, token in named if token not in column]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)} not among the model's `output_ids`: the search starts "
+                "at BOS, ends at EOS and pads with PAD. Fix: include the special ids in "
+                "`output_ids` (aiayn.pipeline.data.vocab.output_ids does).")
+        return tuple(column[token] for _, token in named)
+
+    def _as_token_ids(self, out):
+        """A search's result over output columns -> over token ids."""
+        if self.output_ids is None:
+            return out
+        return {**out, "token_ids": ops.take(self._output_columns(), out["token_ids"])}
 
     def get_config(self):
         config = super().get_config()

@@ -80,6 +80,28 @@ def test_generate_never_produces_an_id_outside_and_all_ids_change_nothing():
     np.testing.assert_array_equal(_np(same["token_ids"]), free)
 
 
+def test_the_search_over_output_columns_is_the_full_search_with_the_rest_impossible():
+    # Untied, so an output bias of -1e9 makes the ids outside impossible in the full model:
+    # its translations and scores are then the restricted model's, which searches over the
+    # output columns only and maps them back to ids.
+    full = make_model(dropout=0.0, tie_embeddings=False)
+    bias = _np(full.output_projection.bias).copy()
+    bias[OUTSIDE] = -1e9
+    full.output_projection.bias.assign(bias)
+    restricted = make_model(dropout=0.0, tie_embeddings=False, output_ids=OUTPUT_IDS)
+    restricted.set_weights(full.get_weights())
+    features = make_batch(batch=4, seed=5)
+    args = (features["encoder_token_ids"], features["encoder_padding_mask"], BOS, EOS)
+    for beam, dynamic in ((1, False), (3, False), (3, True)):
+        want = full.generate(*args, beam_size=beam, n_best=beam, max_extra_length=6,
+                             dynamic_shapes=dynamic)
+        got = restricted.generate(*args, beam_size=beam, n_best=beam, max_extra_length=6,
+                                  dynamic_shapes=dynamic)
+        np.testing.assert_array_equal(_np(got["token_ids"]), _np(want["token_ids"]))
+        np.testing.assert_array_equal(_np(got["lengths"]), _np(want["lengths"]))
+        np.testing.assert_allclose(_np(got["scores"]), _np(want["scores"]), atol=1e-4)
+
+
 def test_one_fused_adam_step_moves_the_output_rows_and_no_unused_row_outside():
     model = make_model(dropout=0.0, output_ids=OUTPUT_IDS)
     features = make_batch()
@@ -120,9 +142,9 @@ def test_output_ids_errors_name_the_rule(ids):
         Transformer(vocabulary_size=VOCAB, pad_id=PAD, output_ids=ids, **TINY)
 
 
-def test_generate_refuses_an_end_id_outside_the_output_ids():
+def test_generate_refuses_special_ids_outside_the_output_ids():
     model = make_model(output_ids=[0, 1, 2, 4, 5])
     features = make_batch()
-    with pytest.raises(ValueError, match="`eos_id` 3 is not one of the model's `output_ids`"):
+    with pytest.raises(ValueError, match="`eos_id` 3 not among the model's `output_ids`"):
         model.generate(features["encoder_token_ids"], features["encoder_padding_mask"], BOS,
                        EOS)
