@@ -179,6 +179,10 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     average_last: int = 5
+    # An exponential moving average of the weights (Keras's optimizer EMA, updated every step):
+    # its momentum, and at the end of training the average is a further candidate for the
+    # final weights (checkpoints/ema-<step>.weights.h5); 0 = off.
+    ema_momentum: float = 0.0
     # Dev BLEU points by which the average or the best-dev weights must beat the last
     # checkpoint to replace it as final.weights.h5; 0 = the highest score wins.
     selection_margin: float = 0.0
@@ -393,6 +397,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("train", "checkpoint_every"): _AT_LEAST_1,
     ("train", "keep_checkpoints"): _AT_LEAST_1,
     ("train", "average_last"): _AT_LEAST_1,
+    ("train", "ema_momentum"): _Bound(0.0, 1.0, low_open=True, high_open=True, zero="off"),
     ("train", "selection_margin"): _Bound(0.0, 100.0),  # BLEU points
     ("train", "eval_every"): _Bound(0, zero="no dev evaluation"),
     ("train", "eval_max_sentences"): _Bound(0, zero="the whole dev split"),

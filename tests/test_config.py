@@ -158,6 +158,7 @@ BAD_VALUES = [
     ("train.beta_1=1", "train.beta_1", "1", "a finite number in [0, 1)"),
     ("train.late_dropout=1", "train.late_dropout", "1", "a finite number in [0, 1)"),
     ("train.beta_2=-0.5", "train.beta_2", "-0.5", "a finite number in [0, 1)"),
+    ("train.ema_momentum=1", "train.ema_momentum", "1", "a finite number in (0, 1) (0 = off)"),
     # other float ranges
     ("train.learning_rate_scale=0", "train.learning_rate_scale", "0", "a finite number > 0"),
     ("train.epsilon=0", "train.epsilon", "0", "a finite number > 0"),

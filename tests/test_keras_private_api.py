@@ -27,6 +27,9 @@ fed to the schedule under gradient accumulation)    AccumulatedSchedule; callbac
 backend's tf.Variable (TensorFlow backend)
 ``LossScaleOptimizer.inner_optimizer``              pipeline/training/callbacks.py:
                                                     current_learning_rate
+``Optimizer._model_variables_moving_average``       pipeline/training/checkpoints.py:
+(``use_ema``: in ``trainable_variables`` order;     moving_averages, save_moving_average;
+``finalize_variable_values`` called by ``fit``)     fused_adam.py: FusedAdam
 ``seed_generator_state`` variable paths             pipeline/training/checkpoints.py:
                                                     _seed_generator_states; averaging.py:
                                                     average_weight_files
@@ -379,6 +382,49 @@ def test_loss_scale_optimizer_inner_optimizer():
     assert current_step(model) == 3, _msg(
         f"LossScaleOptimizer.iterations is {current_step(model)} after 3 finite updates",
         "aiayn.pipeline.training.callbacks:current_step", module)
+
+
+def test_optimizer_moving_average_slots_and_the_end_of_fit(tmp_path):
+    """Keras's EMA: ``average = w`` after the first update, then ``m * average + (1 - m) * w``,
+    in ``_model_variables_moving_average``; FusedAdam keeps the trained weights at the end of
+    ``fit``, and the average written to a file is that recursion."""
+    from aiayn.pipeline.training.artifacts import load_model_weights
+    from aiayn.pipeline.training.checkpoints import moving_averages, save_moving_average
+    from aiayn.pipeline.training.fused_adam import FusedAdam
+
+    used_by = "aiayn.pipeline.training.checkpoints:moving_averages"
+    module = "pipeline/training/checkpoints.py"
+    momentum = 0.75
+    model = _compiled(_dict_model(), optimizer=FusedAdam(0.05, use_ema=True,
+                                                         ema_momentum=momentum))
+    trained = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: trained.append(
+        [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]))
+    model.fit(_batches(4), epochs=1, verbose=0, callbacks=[record])
+    expected = [np.array(w) for w in trained[0]]
+    for weights in trained[1:]:
+        expected = [momentum * e + (1 - momentum) * w for e, w in zip(expected, weights)]
+    averages = moving_averages(model)
+    assert averages is not None, _msg(
+        "Optimizer._model_variables_moving_average is gone or not one per trainable variable",
+        used_by, module)
+    for average, want in zip(averages, expected):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(average), want, rtol=1e-5,
+                                   atol=1e-7, err_msg=_msg(
+                                       "the optimizer's moving average is not Keras's recursion "
+                                       "in trainable_variables order", used_by, module))
+    for variable, last in zip(model.trainable_variables, trained[-1]):  # not the average
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), last)
+    assert not np.allclose(expected[0], trained[-1][0])
+
+    path = save_moving_average(model, tmp_path / "ema.weights.h5")
+    for variable, last in zip(model.trainable_variables, trained[-1]):  # given back
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), last)
+    fresh = _dict_model()
+    load_model_weights(fresh, path)
+    for variable, want in zip(fresh.trainable_variables, expected):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), want, rtol=1e-5,
+                                   atol=1e-7)
 
 
 # --------------------------------------------------------------------------------------------

@@ -230,6 +230,46 @@ def test_another_candidate_replaces_the_last_weights_only_beyond_the_selection_m
     assert json.loads((Path(run_dir) / "averaging.json").read_text())["chosen"] == chosen
 
 
+def test_the_moving_average_of_the_weights_is_a_candidate_at_the_last_step(
+        toy_config, spm_model_path, tmp_path):
+    """`train.ema_momentum`: the run keeps its trained weights (the last checkpoint), writes the
+    average of the last step beside them, and the choice of the final weights scores it."""
+    from aiayn.pipeline.training.artifacts import RunFiles, build_model, load_tokenizer
+
+    momentum = 0.5
+    cfg = load_config(["tiny"], [f"data.data_dir={toy_config.data.data_dir}",
+                                 "data.vocab_size=200", f"train.run_dir={tmp_path / 'run'}",
+                                 "train.steps=10", "train.steps_per_epoch=5",
+                                 "train.checkpoint_every=5", "train.keep_checkpoints=2",
+                                 "train.average_last=2", "train.eval_every=0",
+                                 "train.dev_loss_every=0", f"train.ema_momentum={momentum}"])
+    trained = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            trained.append([v.numpy() for v in self.model.trainable_variables])
+
+    summary = train_lib.train(cfg, extra_callbacks=[Record()])
+    assert summary["steps"] == len(trained) == 10
+    expected = trained[0]
+    for weights in trained[1:]:
+        expected = [momentum * e + (1 - momentum) * w for e, w in zip(expected, weights)]
+    files = RunFiles.of(cfg)
+    assert sorted(p.name for p in files.checkpoints.glob("ema-*")) == ["ema-00000010.weights.h5"]
+    tokenizer = load_tokenizer(cfg)
+    for path, want in ((files.ema(10), expected), (files.checkpoint(10), trained[-1])):
+        model = build_model(cfg, tokenizer)
+        artifacts.load_model_weights(model, path)
+        for variable, value in zip(model.trainable_variables, want):
+            np.testing.assert_allclose(variable.numpy(), value, rtol=1e-5, atol=1e-7)
+    assert list(summary["averaging"]["candidates"]) == ["last", "average_last_2", "ema"]
+    assert averaging.candidate_count(cfg) == 4
+    # An average of another step than the last checkpoint's is not a candidate.
+    files.ema(10).rename(files.ema(5))
+    assert [name for name, _ in averaging._candidates(cfg, files)[1]] == [
+        "last", "average_last_2"]
+
+
 def test_rerunning_a_finished_run_returns_its_summary_without_training(tiny_run, capsys):
     cfg, summary = tiny_run
     recorded = {k: v for k, v in summary.items() if k != "dev_evaluation"}

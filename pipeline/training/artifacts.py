@@ -6,7 +6,9 @@ one factory and one layout::
 
     <train.run_dir>/
         config.yaml              the resolved configuration
-        checkpoints/             ckpt-<step:08d>.weights.h5, the last `train.keep_checkpoints`
+        checkpoints/             ckpt-<step:08d>.weights.h5, the last `train.keep_checkpoints`;
+                                 ema-<step:08d>.weights.h5, the moving average of the weights
+                                 at the last step (`train.ema_momentum`)
         best.weights.h5          the best dev BLEU seen during training
         final.weights.h5         the chosen weights (evaluate and export read these)
         averaging.json           last vs. average of the last N vs. best, scored on dev
@@ -44,6 +46,7 @@ from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_output
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
+EMA_PATTERN = re.compile(r"^ema-(\d+)\.weights\.h5$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,10 @@ class RunFiles:
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"ckpt-{step:08d}.weights.h5"
+
+    def ema(self, step: int) -> Path:
+        """The moving average of the weights at ``step`` (``train.ema_momentum``)."""
+        return self.checkpoints / f"ema-{step:08d}.weights.h5"
 
 
 def load_tokenizer(cfg: Config) -> SubwordTokenizer:

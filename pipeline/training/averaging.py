@@ -2,8 +2,9 @@
 
     average_checkpoints_for_run(cfg)   # `aiayn average`; train() calls select_final_weights
 
-Candidates: the last checkpoint, the element-wise mean of the last ``train.average_last`` and the
-best-dev weights; each translates ``train.selection_max_sentences`` dev pairs (0: all of them)
+Candidates: the last checkpoint, the element-wise mean of the last ``train.average_last``, the
+moving average of the weights at the last step (``train.ema_momentum``) and the best-dev weights;
+each translates ``train.selection_max_sentences`` dev pairs (0: all of them)
 with the served graph (``validation.translate_sentences``) and the best dev BLEU becomes
 ``final.weights.h5``, with every score in ``averaging.json``. The last checkpoint is the
 default: another candidate replaces it only when it scores more than ``train.selection_margin``
@@ -76,8 +77,10 @@ def average_weight_files(model: keras.Model, paths: Sequence[str | os.PathLike])
             v.assign(total)
 
 
-# The candidates: the last checkpoint, the average of the last N, the best-dev weights.
-MAX_CANDIDATES = 3
+def candidate_count(cfg: Config) -> int:
+    """At most how many candidates a run of ``cfg`` has: the last checkpoint, the average of the
+    last N, the best-dev weights, and the weights' moving average (``train.ema_momentum``)."""
+    return 3 + (cfg.train.ema_momentum > 0)
 
 
 def selection_pairs(cfg: Config) -> list[tuple[str, str]]:
@@ -95,6 +98,9 @@ def _candidates(cfg: Config, files: RunFiles) -> tuple[list, list[tuple[str, lis
     candidates = [("last", [str(ckpts[-1][1])])]
     if len(last_n) > 1:
         candidates.append((f"average_last_{len(last_n)}", last_n))
+    ema = files.ema(ckpts[-1][0])
+    if ema.exists():  # written at the last step only: a stale one never matches
+        candidates.append(("ema", [str(ema)]))
     if files.best.exists() and files.dev_eval_state.exists():
         best_step = json.loads(files.dev_eval_state.read_text()).get("best_step", -1)
         if best_step != ckpts[-1][0]:
@@ -123,8 +129,8 @@ def _covers_dev(cfg: Config, pairs: Sequence[tuple[str, str]]) -> bool:
 def select_final_weights(cfg: Config, model: keras.Model, tokenizer,
                          pairs: Sequence[tuple[str, str]] | None = None,
                          stream=None) -> dict[str, Any]:
-    """Scores the last checkpoint, the average of the last N and the best-dev weights on dev
-    (``pairs``; default :func:`selection_pairs`).
+    """Scores the last checkpoint, the average of the last N, the moving average and the best-dev
+    weights on dev (``pairs``; default :func:`selection_pairs`).
 
     The best of them (another than the last only when it beats the last by more than
     ``train.selection_margin`` BLEU) is written to ``<run_dir>/final.weights.h5``; all scores go to

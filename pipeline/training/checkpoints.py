@@ -1,6 +1,8 @@
 """Step checkpoints and the resumable backup: what a killed run restarts from.
 
     checkpoints/ckpt-<step:08d>.weights.h5   model weights every N steps, the last K kept
+    checkpoints/ema-<step:08d>.weights.h5    the weights' moving average at the last step (with
+                                             ``train.ema_momentum``: the optimizer's EMA)
     backup/                                  the resumable state at the last epoch boundary
 
 Steps are optimizer updates (``optimizer.iterations``), as everywhere in training.
@@ -38,7 +40,11 @@ import keras
 import numpy as np
 
 from aiayn.pipeline.fileio import atomic_output, atomic_write, remove_leftovers
-from aiayn.pipeline.training.artifacts import list_checkpoints, save_model_weights
+from aiayn.pipeline.training.artifacts import (
+    EMA_PATTERN,
+    list_checkpoints,
+    save_model_weights,
+)
 from aiayn.pipeline.training.callbacks import TrainingClock, current_step
 
 WEIGHTS, EXTRA, METADATA = "latest.weights.h5", "extra_state.npz", "training_metadata.json"
@@ -51,10 +57,11 @@ class StepCheckpoints(keras.callbacks.Callback):
 
     Files: ``<directory>/ckpt-<step:08d>.weights.h5`` (model only; see
     :func:`save_model_weights`), written atomically. Also saves at the end of training so the
-    final step is always a checkpoint. Nothing is saved while ``skip_if()`` is true (a diverged
-    or interrupted run: its weights are not to be kept). On start, checkpoints of steps after
-    the restored one (the lost future of a killed attempt) and temporaries of interrupted
-    writes are removed.
+    final step is always a checkpoint, and then, when the optimizer keeps a moving average of the
+    weights, that average as ``ema-<step:08d>.weights.h5`` (the only one). Nothing is saved
+    while ``skip_if()`` is true (a diverged or interrupted run: its weights are not to be kept).
+    On start, the files of steps after the restored one (the lost future of a killed attempt)
+    and temporaries of interrupted writes are removed.
     """
 
     def __init__(self, directory: str | os.PathLike, every: int, keep: int,
@@ -79,11 +86,22 @@ class StepCheckpoints(keras.callbacks.Callback):
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
             old.unlink(missing_ok=True)
 
+    def _save_moving_average(self, step: int) -> None:
+        if (not self.write or step <= 0 or moving_averages(self.model) is None
+                or (self.skip_if is not None and self.skip_if())):
+            return
+        name = f"ema-{step:08d}.weights.h5"
+        save_moving_average(self.model, self.directory / name)
+        for _, old in _moving_average_files(self.directory):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+
     def on_train_begin(self, logs=None):
         self._last_saved = current_step(self.model)
         if self.write:
             remove_leftovers(self.directory)
-            for step, path in list_checkpoints(self.directory):
+            for step, path in (list_checkpoints(self.directory)
+                               + _moving_average_files(self.directory)):
                 if step > self._last_saved:
                     path.unlink(missing_ok=True)
 
@@ -93,7 +111,42 @@ class StepCheckpoints(keras.callbacks.Callback):
             self._save(step)
 
     def on_train_end(self, logs=None):
-        self._save(current_step(self.model))
+        step = current_step(self.model)
+        self._save(step)
+        self._save_moving_average(step)
+
+
+def _moving_average_files(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in directory.iterdir()
+                  if (m := EMA_PATTERN.match(p.name)))
+
+
+def moving_averages(model: keras.Model) -> list | None:
+    """The optimizer's moving averages of ``model.trainable_variables`` (in their order), or
+    ``None`` when it keeps none (``use_ema`` off, or not built yet)."""
+    opt = getattr(model, "optimizer", None)
+    opt = getattr(opt, "inner_optimizer", opt)  # a LossScaleOptimizer wraps the Adam
+    if not getattr(opt, "use_ema", False):
+        return None
+    # Keras has no public accessor; its own finalize_variable_values reads the same list.
+    averages = getattr(opt, "_model_variables_moving_average", None)
+    if averages is None or len(averages) != len(model.trainable_variables):
+        return None
+    return averages
+
+
+def save_moving_average(model: keras.Model, path: str | os.PathLike) -> Path:
+    """Writes the weights' moving average as a weight file; the model keeps its own weights."""
+    trained = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    try:
+        for variable, average in zip(model.trainable_variables, moving_averages(model)):
+            variable.assign(average)
+        return save_model_weights(model, path)
+    finally:
+        for variable, value in zip(model.trainable_variables, trained):
+            variable.assign(value)
 
 
 def _seed_generator_states(model: keras.Model) -> list:

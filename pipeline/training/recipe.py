@@ -77,13 +77,15 @@ def time_progress_variable(optimizer: keras.optimizers.Optimizer):
 
 
 def make_optimizer(cfg: Config) -> keras.optimizers.Optimizer:
-    """Adam(beta_1, beta_2, epsilon) on the §5.3 schedule, with gradient accumulation (Keras's
-    Adam, each variable's update in one fused TensorFlow kernel: ``fused_adam.py``)."""
+    """Adam(beta_1, beta_2, epsilon) on the §5.3 schedule, with gradient accumulation and the
+    weights' moving average (Keras's Adam, each variable's update in one fused TensorFlow kernel:
+    ``fused_adam.py``)."""
     t = cfg.train
     accum = t.gradient_accumulation_steps
     return FusedAdam(
         learning_rate=make_schedule(cfg), beta_1=t.beta_1, beta_2=t.beta_2, epsilon=t.epsilon,
-        clipnorm=t.clipnorm or None, gradient_accumulation_steps=accum if accum > 1 else None)
+        clipnorm=t.clipnorm or None, gradient_accumulation_steps=accum if accum > 1 else None,
+        use_ema=t.ema_momentum > 0, ema_momentum=t.ema_momentum or 0.99)
 
 
 def make_loss_and_metrics(cfg: Config, pad_id: int, output_ids=None):

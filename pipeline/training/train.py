@@ -68,7 +68,11 @@ from aiayn.pipeline.training.artifacts import (
     list_checkpoints,
     load_tokenizer,
 )
-from aiayn.pipeline.training.averaging import MAX_CANDIDATES, select_final_weights, selection_pairs
+from aiayn.pipeline.training.averaging import (
+    candidate_count,
+    select_final_weights,
+    selection_pairs,
+)
 from aiayn.pipeline.training.deadline import Deadline
 from aiayn.pipeline.training.dev_bleu import DevEvaluator
 from aiayn.pipeline.training.dev_loss import DevLoss, dev_batches
@@ -148,7 +152,7 @@ def sentences_after_training(cfg: Config) -> int:
     the final weights' dev evaluation (``averaging.select_final_weights``).
     """
     dev, chosen_on = _count_lines(split_path(cfg, "dev")), len(selection_pairs(cfg))
-    return (MAX_CANDIDATES * chosen_on + _count_lines(split_path(cfg, "test"))
+    return (candidate_count(cfg) * chosen_on + _count_lines(split_path(cfg, "test"))
             + (0 if chosen_on >= dev else dev))
 
 
