@@ -83,7 +83,8 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
         "tokens_per_second": 1234.5, "strategy": "OneDeviceStrategy", "replicas": 1,
         "mixed_precision": "float32", "jit_compile": False, "onednn": "on",
         "parameters": 12345,
-        "averaging": {"chosen": "average_last_2", "selection_margin": 0.5}}}
+        "averaging": {"chosen": "average_last_2", "selection_margin": 0.5,
+                      "candidates": {"last": {}, "average_last_2": {}, "ema": {}}}}}
     (tmp_path / "run" / "train_state.json").write_text(json.dumps(state))
     out = tmp_path / "card" / "model_card.md"
     card = write_model_card(run_cfg, out, vocabulary_size=200)
@@ -96,7 +97,7 @@ def test_card_describes_data_model_training_decoding_and_limits(run_cfg, tmp_pat
                  "Steps: 20 of 20", "training time 1 h 02 min of a 40 min 00 s time budget",
                  "OneDeviceStrategy",
                  "XLA off, oneDNN on; host:",
-                 "`average_last_2` (the best on dev among the last checkpoint",
+                 "`average_last_2` (the best on dev among `last`, `average_last_2`, `ema`;",
                  "another than the last only when it beats the last by more than 0.5 BLEU",
                  f"beam size {run_cfg.decode.beam_size}",
                  f"length penalty alpha {run_cfg.decode.length_penalty}",

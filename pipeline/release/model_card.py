@@ -272,9 +272,10 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
             margin = averaging.get("selection_margin") or 0.0
             rule = (f"; another than the last only when it beats the last by more than "
                     f"{margin:g} BLEU" if margin else "")
-            out.append(f"- Final weights: `{averaging['chosen']}` (the best on dev among the "
-                       "last checkpoint, the average of the last checkpoints and the best-dev "
-                       f"checkpoint{rule}).")
+            among = ", ".join(f"`{name}`" for name in averaging.get("candidates") or {})
+            out.append(f"- Final weights: `{averaging['chosen']}` (the best on dev among "
+                       + (among or "the last checkpoint, the average of the last checkpoints "
+                          "and the best-dev checkpoint") + f"{rule}).")
     else:
         out.append(f"- No finished training state in `{Path(t.run_dir) / 'train_state.json'}`; "
                    f"host: {host_description()}.")
