@@ -13,7 +13,8 @@ docs/RECIPE.md "Throughput"). ``amsgrad`` keeps Keras's own update.
 
 With ``use_ema`` (``train.ema_momentum``) the moving average is Keras's, but it does not replace
 the weights at the end of ``fit``: the run keeps its trained weights (its last checkpoint), and
-``checkpoints.EmaWeights`` writes the average beside them as one more candidate.
+``checkpoints.StepCheckpoints`` writes the average beside them (``ema-<step>.weights.h5``) as
+one more candidate for the final weights.
 """
 
 from __future__ import annotations
