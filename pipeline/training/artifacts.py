@@ -146,17 +146,15 @@ def load_model_weights(model: keras.Model, path: str | os.PathLike) -> None:
     saving_lib.load_weights_only(model, str(path), objects_to_skip=skip)
 
 
-def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(step, path)`` of ``ckpt-<step>.weights.h5`` files, oldest first."""
+def list_checkpoints(directory: str | os.PathLike,
+                     pattern: re.Pattern = CHECKPOINT_PATTERN) -> list[tuple[int, Path]]:
+    """``(step, path)`` of ``ckpt-<step>.weights.h5`` files (or of ``pattern``'s, whose group 1
+    is the step: ``EMA_PATTERN``), oldest first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = []
-    for p in directory.iterdir():
-        m = CHECKPOINT_PATTERN.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    return sorted((int(m.group(1)), p) for p in directory.iterdir()
+                  if (m := pattern.match(p.name)))
 
 
 def resolve_weights(cfg: Config, weights: str | os.PathLike | None) -> Path:

@@ -92,7 +92,7 @@ class StepCheckpoints(keras.callbacks.Callback):
             return
         name = f"ema-{step:08d}.weights.h5"
         save_moving_average(self.model, self.directory / name)
-        for _, old in _moving_average_files(self.directory):
+        for _, old in list_checkpoints(self.directory, EMA_PATTERN):
             if old.name != name:
                 old.unlink(missing_ok=True)
 
@@ -101,7 +101,7 @@ class StepCheckpoints(keras.callbacks.Callback):
         if self.write:
             remove_leftovers(self.directory)
             for step, path in (list_checkpoints(self.directory)
-                               + _moving_average_files(self.directory)):
+                               + list_checkpoints(self.directory, EMA_PATTERN)):
                 if step > self._last_saved:
                     path.unlink(missing_ok=True)
 
@@ -114,13 +114,6 @@ class StepCheckpoints(keras.callbacks.Callback):
         step = current_step(self.model)
         self._save(step)
         self._save_moving_average(step)
-
-
-def _moving_average_files(directory: Path) -> list[tuple[int, Path]]:
-    if not directory.is_dir():
-        return []
-    return sorted((int(m.group(1)), p) for p in directory.iterdir()
-                  if (m := EMA_PATTERN.match(p.name)))
 
 
 def moving_averages(model: keras.Model) -> list | None:
