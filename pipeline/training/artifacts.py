@@ -49,6 +49,16 @@ CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 EMA_PATTERN = re.compile(r"^ema-(\d+)\.weights\.h5$")
 
 
+def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint of ``step`` (matches ``CHECKPOINT_PATTERN``)."""
+    return f"ckpt-{step:08d}.weights.h5"
+
+
+def ema_name(step: int) -> str:
+    """The file name of the weights' moving average at ``step`` (matches ``EMA_PATTERN``)."""
+    return f"ema-{step:08d}.weights.h5"
+
+
 @dataclasses.dataclass(frozen=True)
 class RunFiles:
     """The paths of one run directory (see the module docstring for what each holds)."""
@@ -77,11 +87,11 @@ class RunFiles:
     model_card = property(lambda self: self.root / "model_card.md")
 
     def checkpoint(self, step: int) -> Path:
-        return self.checkpoints / f"ckpt-{step:08d}.weights.h5"
+        return self.checkpoints / checkpoint_name(step)
 
     def ema(self, step: int) -> Path:
         """The moving average of the weights at ``step`` (``train.ema_momentum``)."""
-        return self.checkpoints / f"ema-{step:08d}.weights.h5"
+        return self.checkpoints / ema_name(step)
 
 
 def load_tokenizer(cfg: Config) -> SubwordTokenizer:

@@ -42,6 +42,8 @@ import numpy as np
 from aiayn.pipeline.fileio import atomic_output, atomic_write, remove_leftovers
 from aiayn.pipeline.training.artifacts import (
     EMA_PATTERN,
+    checkpoint_name,
+    ema_name,
     list_checkpoints,
     save_model_weights,
 )
@@ -82,7 +84,7 @@ class StepCheckpoints(keras.callbacks.Callback):
         self._last_saved = step
         if not self.write:
             return
-        save_model_weights(self.model, self.directory / f"ckpt-{step:08d}.weights.h5")
+        save_model_weights(self.model, self.directory / checkpoint_name(step))
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
             old.unlink(missing_ok=True)
 
@@ -90,7 +92,7 @@ class StepCheckpoints(keras.callbacks.Callback):
         if (not self.write or step <= 0 or moving_averages(self.model) is None
                 or (self.skip_if is not None and self.skip_if())):
             return
-        name = f"ema-{step:08d}.weights.h5"
+        name = ema_name(step)
         save_moving_average(self.model, self.directory / name)
         for _, old in list_checkpoints(self.directory, EMA_PATTERN):
             if old.name != name:
