@@ -18,7 +18,8 @@ reach ``write:<file name>`` when the temporary file is complete, just before the
 moment a kill leaves a leftover and the old file); other points are named where they are called.
 Unset (always, outside tests), a fault point costs one environment lookup.
 
-(``pipeline/`` has its own copy in ``aiayn.pipeline.fileio``: export/ may not import it.)
+This is the one implementation: ``aiayn.pipeline.fileio`` re-exports it (pipeline/ may import
+export/, not the reverse), with a held lock reported as the user's error.
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def _read_holder(fd: int) -> dict:
 
 @contextlib.contextmanager
 def hold_lock(path: str | os.PathLike, what: str, wait_s: float = 0.0,
-              on_wait: Callable[[str], None] | None = None) -> Iterator[dict]:
+              on_wait: Callable[[str], None] | None = None,
+              error: type[LockHeld] = LockHeld) -> Iterator[dict]:
     """Holds an exclusive lock on the file ``path`` for the ``with`` block.
 
     The holder's pid, host, start time and command are written into the file while it is held
@@ -177,6 +179,7 @@ def hold_lock(path: str | os.PathLike, what: str, wait_s: float = 0.0,
       what: what the lock protects, for the message (``"the export base exports/"``).
       wait_s: how long to wait for a live holder before giving up (0: do not wait).
       on_wait: called once with a line naming the holder when waiting starts.
+      error: the :class:`LockHeld` subclass to raise (pipeline/'s is a user input error).
 
     Raises:
       LockHeld: a live process still holds it after ``wait_s``; the message names it.
@@ -193,7 +196,7 @@ def hold_lock(path: str | os.PathLike, what: str, wait_s: float = 0.0,
             except BlockingIOError:
                 holder = _read_holder(fd)
                 if time.monotonic() >= deadline:
-                    raise LockHeld(
+                    raise error(
                         f"{what} is in use by {describe_holder(holder)}; wait for it to finish "
                         f"or stop it, then try again (lock file {path}; a lock left by a "
                         "process that died is taken over automatically).", holder) from None

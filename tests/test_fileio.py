@@ -61,6 +61,17 @@ def test_a_held_lock_names_its_holder_and_a_dead_holders_lock_is_taken_over(modu
         assert info["previous"] is None
 
 
+def test_pipeline_fileio_is_export_fileio_with_a_user_facing_lock_error(tmp_path):
+    for name in ("atomic_output", "atomic_write", "describe_holder", "fault_point", "fsync_dir",
+                 "leftover_target", "remove_leftovers"):
+        assert getattr(fileio, name) is getattr(export_fileio, name), name
+    assert issubclass(fileio.LockHeld, export_fileio.LockHeld)
+    assert issubclass(fileio.LockHeld, UserInputError)
+    assert not issubclass(export_fileio.LockHeld, UserInputError)
+    with fileio.hold_lock(tmp_path / "a.lock", "x") as info:  # the pipeline's wrapper holds it
+        assert info["pid"] == os.getpid() and str(os.getpid()) in (tmp_path / "a.lock").read_text()
+
+
 def test_waiting_for_a_lock_says_who_holds_it_then_times_out(tmp_path):
     lock_path = tmp_path / ".export.lock"
     proc = _holder(export_fileio, lock_path)
