@@ -13,13 +13,18 @@ from keras import ops
 
 from aiayn.models.attention import MultiHeadAttention
 from aiayn.models.dropout import Dropout
-from aiayn.models.encoder import _norm, residual_sublayer
 from aiayn.models.feedforward import FeedForward
 from aiayn.models.masks import causal_mask, padding_to_attention_mask, self_attention_mask
+from aiayn.models.stack import (
+    TransformerLayerBase,
+    TransformerStackBase,
+    layer_norm,
+    residual_sublayer,
+)
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
-class TransformerDecoderLayer(keras.layers.Layer):
+class TransformerDecoderLayer(TransformerLayerBase):
     """Masked self-attention, encoder-decoder attention and feed-forward sub-layers (§3.1).
 
     Position i attends only to positions <= i (§3.2.3). Arguments as
@@ -39,30 +44,23 @@ class TransformerDecoderLayer(keras.layers.Layer):
     def __init__(self, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
                  attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
                  ffn_activation="relu", **kwargs):
-        super().__init__(**kwargs)
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.num_heads = num_heads
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.ffn_activation = ffn_activation
+        super().__init__(hidden_dim, intermediate_dim, num_heads, dropout, attention_dropout,
+                         norm_first, layer_norm_epsilon, ffn_activation, **kwargs)
         dt = self.dtype_policy
         self.self_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
                                                  self_attention=True, dtype=dt,
                                                  name="self_attention")
         self.self_attention_dropout = Dropout(dropout, dtype=dt, name="self_attention_dropout")
-        self.self_attention_norm = _norm("self_attention_norm", layer_norm_epsilon, dt)
+        self.self_attention_norm = layer_norm("self_attention_norm", layer_norm_epsilon, dt)
         self.cross_attention = MultiHeadAttention(hidden_dim, num_heads, attention_dropout,
                                                   self_attention=False, dtype=dt,
                                                   name="cross_attention")
         self.cross_attention_dropout = Dropout(dropout, dtype=dt, name="cross_attention_dropout")
-        self.cross_attention_norm = _norm("cross_attention_norm", layer_norm_epsilon, dt)
+        self.cross_attention_norm = layer_norm("cross_attention_norm", layer_norm_epsilon, dt)
         self.feed_forward = FeedForward(hidden_dim, intermediate_dim, ffn_activation,
                                         dtype=dt, name="feed_forward")
         self.feed_forward_dropout = Dropout(dropout, dtype=dt, name="feed_forward_dropout")
-        self.feed_forward_norm = _norm("feed_forward_norm", layer_norm_epsilon, dt)
+        self.feed_forward_norm = layer_norm("feed_forward_norm", layer_norm_epsilon, dt)
 
     def build(self, input_shape=None):
         shape = (None, None, self.hidden_dim)
@@ -151,21 +149,10 @@ class TransformerDecoderLayer(keras.layers.Layer):
             training=False)
         return x, self_cache
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(hidden_dim=self.hidden_dim, intermediate_dim=self.intermediate_dim,
-                      num_heads=self.num_heads, dropout=self.dropout,
-                      attention_dropout=self.attention_dropout, norm_first=self.norm_first,
-                      layer_norm_epsilon=self.layer_norm_epsilon,
-                      ffn_activation=self.ffn_activation)
-        return config
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
-class TransformerDecoder(keras.layers.Layer):
+class TransformerDecoder(TransformerStackBase):
     """A stack of ``num_layers`` :class:`TransformerDecoderLayer` (+ final LayerNorm if pre-norm).
 
     Call args:
@@ -180,44 +167,22 @@ class TransformerDecoder(keras.layers.Layer):
     def __init__(self, num_layers, hidden_dim, intermediate_dim, num_heads, dropout=0.1,
                  attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
                  ffn_activation="relu", **kwargs):
-        super().__init__(**kwargs)
-        if num_layers < 1:
-            raise ValueError(f"`num_layers` must be at least 1. Received: {num_layers}.")
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.num_heads = num_heads
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.ffn_activation = ffn_activation
-        self.decoder_layers = [
-            TransformerDecoderLayer(hidden_dim, intermediate_dim, num_heads, dropout,
-                                    attention_dropout, norm_first, layer_norm_epsilon,
-                                    ffn_activation,
-                                    dtype=self.dtype_policy, name=f"layer_{i}")
-            for i in range(num_layers)
-        ]
-        self.final_norm = (_norm("final_norm", layer_norm_epsilon, self.dtype_policy)
-                           if norm_first else None)
+        super().__init__(num_layers, hidden_dim, intermediate_dim, num_heads, dropout,
+                         attention_dropout, norm_first, layer_norm_epsilon, ffn_activation,
+                         **kwargs)
+        self.decoder_layers = self.make_layers(TransformerDecoderLayer)
+        self.final_norm = self.make_final_norm()
 
-    def build(self, input_shape=None):
-        for layer in self.decoder_layers:
-            layer.build((None, None, self.hidden_dim))
-        if self.final_norm is not None:
-            self.final_norm.build((None, None, self.hidden_dim))
-        self.built = True
-
-    def _finish(self, x):
-        return self.final_norm(x) if self.final_norm is not None else x
+    @property
+    def stack_layers(self):
+        return self.decoder_layers
 
     def call(self, x, encoder_outputs, decoder_padding_mask=None, encoder_padding_mask=None,
              training=None):
         for layer in self.decoder_layers:
             x = layer(x, encoder_outputs, decoder_padding_mask=decoder_padding_mask,
                       encoder_padding_mask=encoder_padding_mask, training=training)
-        return self._finish(x)
+        return self.finish(x)
 
     def call_with_weights(self, x, encoder_outputs, decoder_padding_mask=None,
                           encoder_padding_mask=None, training=None):
@@ -228,7 +193,7 @@ class TransformerDecoder(keras.layers.Layer):
                                                 encoder_padding_mask, training)
             self_weights.append(sw)
             cross_weights.append(cw)
-        return self._finish(x), self_weights, cross_weights
+        return self.finish(x), self_weights, cross_weights
 
     # -- cached decoding ----------------------------------------------------------------------
     def init_cache(self, batch_size, max_length, beam_size=1):
@@ -281,7 +246,7 @@ class TransformerDecoder(keras.layers.Layer):
             x, layer_self = layer.call_cached(x, layer_self, layer_cross, cache_index,
                                               self_mask, cross_mask, beam_size)
             new_cache.append(layer_self)
-        return self._finish(x), tuple(new_cache)
+        return self.finish(x), tuple(new_cache)
 
     def empty_cache(self, rows, length):
         """A growing self-attention cache with no position yet: per layer ``(key, value)``,
@@ -302,16 +267,5 @@ class TransformerDecoder(keras.layers.Layer):
         for layer, layer_self, layer_cross in zip(self.decoder_layers, self_cache, cross_cache):
             x, layer_self = layer.call_growing(x, layer_self, layer_cross, cross_mask, beam_size)
             new_cache.append(layer_self)
-        return self._finish(x), tuple(new_cache)
+        return self.finish(x), tuple(new_cache)
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_layers=self.num_layers, hidden_dim=self.hidden_dim,
-                      intermediate_dim=self.intermediate_dim, num_heads=self.num_heads,
-                      dropout=self.dropout, attention_dropout=self.attention_dropout,
-                      norm_first=self.norm_first, layer_norm_epsilon=self.layer_norm_epsilon,
-                      ffn_activation=self.ffn_activation)
-        return config
