@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from aiayn.pipeline.config import Config
+from aiayn.pipeline.data.corpus import sha256_file
 from aiayn.pipeline.data.languages import default_character_coverage
 from aiayn.pipeline.errors import UserInputError
 from aiayn.pipeline.fileio import atomic_write
@@ -148,14 +148,6 @@ def train_vocab(cfg: Config) -> Path:
     return atomic_write(out, writer.getvalue())
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def output_ids(cfg: Config) -> list[int] | None:
     """The token ids the decoder may produce (``Transformer(output_ids=...)``), by
     ``data.output_vocabulary``.
@@ -181,8 +173,8 @@ def output_ids(cfg: Config) -> list[int] | None:
     if not model.is_file():
         raise UserInputError(f"{model} not found: build the vocabulary first with `aiayn vocab` "
                              "(or `make train`).")
-    spm_hash = _sha256(model)
-    train_hash = _sha256(train) if train.is_file() else None
+    spm_hash = sha256_file(model)
+    train_hash = sha256_file(train) if train.is_file() else None
     kept = json.loads(kept_path.read_text(encoding="utf-8")) if kept_path.is_file() else {}
     if kept.get("spm_sha256") == spm_hash and train_hash in (None, kept.get("train_sha256")):
         return [int(i) for i in kept["ids"]]
