@@ -12,6 +12,7 @@ from aiayn.models.decoder import TransformerDecoder
 from aiayn.models.embedding import TransformerEmbedding
 from aiayn.models.encoder import TransformerEncoder
 from aiayn.models.masks import update_at
+from aiayn.models.stack import LAYER_ARGS
 
 
 @keras.saving.register_keras_serializable(package="aiayn")
@@ -101,16 +102,14 @@ class Transformer(keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.ffn_activation = ffn_activation
         self.token_dropout = token_dropout
-        stack = dict(hidden_dim=hidden_dim,
-                     intermediate_dim=intermediate_dim, num_heads=num_heads, dropout=dropout,
-                     attention_dropout=attention_dropout, norm_first=norm_first,
-                     layer_norm_epsilon=layer_norm_epsilon, ffn_activation=ffn_activation,
-                     dtype=self.dtype_policy)
+        stack = {name: getattr(self, name) for name in LAYER_ARGS}
         self.embedding = TransformerEmbedding(vocabulary_size, hidden_dim, dropout,
                                               token_dropout=token_dropout,
                                               dtype=self.dtype_policy, name="embedding")
-        self.encoder = TransformerEncoder(num_layers, name="encoder", **stack)
-        self.decoder = TransformerDecoder(self.num_decoder_layers, name="decoder", **stack)
+        self.encoder = TransformerEncoder(num_layers, name="encoder", dtype=self.dtype_policy,
+                                          **stack)
+        self.decoder = TransformerDecoder(self.num_decoder_layers, name="decoder",
+                                          dtype=self.dtype_policy, **stack)
         self.output_projection = None
         if not tie_embeddings:
             self.output_projection = keras.layers.Dense(
