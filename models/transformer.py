@@ -102,14 +102,12 @@ class Transformer(keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.ffn_activation = ffn_activation
         self.token_dropout = token_dropout
-        stack = {name: getattr(self, name) for name in LAYER_ARGS}
+        stack = {name: getattr(self, name) for name in LAYER_ARGS} | {"dtype": self.dtype_policy}
         self.embedding = TransformerEmbedding(vocabulary_size, hidden_dim, dropout,
                                               token_dropout=token_dropout,
                                               dtype=self.dtype_policy, name="embedding")
-        self.encoder = TransformerEncoder(num_layers, name="encoder", dtype=self.dtype_policy,
-                                          **stack)
-        self.decoder = TransformerDecoder(self.num_decoder_layers, name="decoder",
-                                          dtype=self.dtype_policy, **stack)
+        self.encoder = TransformerEncoder(num_layers, name="encoder", **stack)
+        self.decoder = TransformerDecoder(self.num_decoder_layers, name="decoder", **stack)
         self.output_projection = None
         if not tie_embeddings:
             self.output_projection = keras.layers.Dense(
