@@ -99,6 +99,10 @@ class DataConfig:
     # each epoch's sampled lengths; the counts the run reports are of the best segmentation.
     subword_alpha: float = 0.0
     subword_nbest: int = -1
+    # Data augmentation by concatenation (Nguyen et al., 2021): the probability that two
+    # consecutive training examples of the shuffled stream are joined into one longer pair
+    # (when it fits max_length). 0 = off; dev, test and the export never join.
+    concat_fraction: float = 0.0
     # tf.data
     max_length: int = 128
     token_budget: int = 4096
@@ -363,6 +367,7 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("data", "character_coverage"): _Bound(0.98, 1.0, zero="by language"),  # SentencePiece's
     ("data", "vocab_sample_size"): _Bound(0, zero="every sentence"),
     ("data", "subword_alpha"): _Bound(0.0, zero="no sampling"),
+    ("data", "concat_fraction"): _Bound(0.0, 1.0, zero="off"),
     ("data", "subword_nbest"): _Bound(-1),  # -1 = all; 0 and 1 (no sampling): validate()
     ("data", "max_length"): _Bound(2),  # BOS + one target token
     ("data", "token_budget"): _AT_LEAST_1,

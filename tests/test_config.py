@@ -138,6 +138,8 @@ BAD_VALUES = [
     ("data.subword_alpha=-0.1", "data.subword_alpha", "-0.1",
      "a finite number >= 0 (0 = no sampling)"),
     ("data.subword_nbest=-2", "data.subword_nbest", "-2", "an integer >= -1"),
+    ("data.concat_fraction=1.5", "data.concat_fraction", "1.5",
+     "a finite number in [0, 1] (0 = off)"),
     ("export.version=-1", "export.version", "-1", "an integer in [0, 9223372036854775807] "
                                                    "(0 = the next version)"),
     ("train.max_minutes=-5", "train.max_minutes", "-5",

@@ -13,6 +13,7 @@ from aiayn.pipeline.data.dataset import (
     FEATURE_KEYS,
     batch_by_token_budget,
     batch_statistics,
+    concatenate_pairs,
     effective_boundaries,
     featurize_pairs,
     length_filter_counts,
@@ -185,6 +186,88 @@ def test_train_epochs_cover_the_corpus(corpus, toy_tokenizer, toy_config):
         if len(seen) >= len(expected):
             break
     assert seen == expected
+
+
+BOS, EOS = 2, 3
+
+
+def _example(source, target):
+    ids = lambda values: np.array(values, np.int32)  # noqa: E731
+    return ({"encoder_token_ids": ids(source), "encoder_padding_mask": np.ones(len(source), bool),
+             "decoder_token_ids": ids([BOS] + target),
+             "decoder_padding_mask": np.ones(len(target) + 1, bool)}, ids(target + [EOS]))
+
+
+def _stream(examples):
+    spec = tf.nest.map_structure(lambda v: tf.TensorSpec([None], v.dtype), examples[0])
+    return tf.data.Dataset.from_generator(lambda: iter(examples), output_signature=spec)
+
+
+def _listed(dataset):
+    return [(f["encoder_token_ids"].tolist(), f["decoder_token_ids"].tolist(), labels.tolist(),
+             bool(f["encoder_padding_mask"].all() and f["decoder_padding_mask"].all()))
+            for f, labels in dataset.as_numpy_iterator()]
+
+
+TOY_STREAM = [_example([10, 11], [20]), _example([12], [21, 22]), _example([13, 14, 15], [23]),
+              _example([16], [24, 25, 26]), _example([17], [27])]
+
+
+def test_concatenation_joins_two_by_two_without_inner_bos_or_eos():
+    joined = _listed(_stream(TOY_STREAM).apply(concatenate_pairs(1.0, 128, seed=0)))
+    assert joined == [([10, 11, 12], [BOS, 20, 21, 22], [20, 21, 22, EOS], True),
+                      ([13, 14, 15, 16], [BOS, 23, 24, 25, 26], [23, 24, 25, 26, EOS], True),
+                      ([17], [BOS, 27], [27, EOS], True)]  # the odd last one passes alone
+
+
+def test_concatenation_keeps_pairs_that_would_not_fit_and_loses_nothing():
+    # max_length 4: the first two join (source 3, decoder side 4); the next two would make a
+    # decoder side of 5 and pass as they are. Fraction 0 passes the stream through.
+    kept = _listed(_stream(TOY_STREAM).apply(concatenate_pairs(1.0, 4, seed=0)))
+    assert [row[0] for row in kept] == [[10, 11, 12], [13, 14, 15], [16], [17]]
+    assert kept[1:] == _listed(_stream(TOY_STREAM[2:]))
+    assert _listed(_stream(TOY_STREAM).apply(concatenate_pairs(0.0, 128, seed=0))) == _listed(
+        _stream(TOY_STREAM))
+
+
+def test_concatenation_share_and_seed():
+    stream = _stream([_example([10 + i % 50], [20 + i % 50]) for i in range(2000)])
+
+    def joined_share(seed):
+        rows = _listed(stream.apply(concatenate_pairs(0.3, 128, seed=seed)))
+        return sum(len(r[0]) == 2 for r in rows) / 1000, rows
+
+    share, rows = joined_share(5)
+    assert 0.25 < share < 0.35  # 1,000 draws of p = 0.3: 4.8 standard deviations either side
+    assert [t for r in rows for t in r[0]] == [10 + i % 50 for i in range(2000)]
+    assert joined_share(5)[1] == rows and joined_share(6)[1] != rows
+
+
+def test_training_batches_with_concatenation(corpus, toy_tokenizer, toy_config):
+    # data.concat_fraction: the batches keep every invariant (shift by one, one BOS and one EOS
+    # a row, the token budget), and every source row is one source of the corpus or two joined,
+    # most of them two.
+    tok = toy_tokenizer
+    data = dataclasses.replace(toy_config.data, max_length=64, token_budget=256,
+                               bucket_boundaries=(8, 16, 32), concat_fraction=1.0)
+    sources = {tuple(s) for s in tok.tokenize([s for s, _ in corpus[1]]).to_list()}
+    batches = _take(make_train_dataset(corpus[0], tok, data, seed=3), 40)
+    assert batch_statistics(batches)["max_batch_tokens"] <= 256
+    rows = [tuple(ids[m]) for f, _ in batches
+            for ids, m in zip(f["encoder_token_ids"], f["encoder_padding_mask"])]
+    joined = [r for r in rows if r not in sources]
+    assert all(any(r[:i] in sources and r[i:] in sources for i in range(1, len(r)))
+               for r in joined)
+    assert len(joined) > len(rows) / 2
+    for features, labels in batches:
+        dec, mask = features["decoder_token_ids"], features["decoder_padding_mask"]
+        assert mask.sum(axis=1).max() <= 64
+        for row, n in enumerate(mask.sum(axis=1)):
+            np.testing.assert_array_equal(dec[row, 1:n], labels[row, :n - 1])
+            assert dec[row, 0] == tok.bos_id and labels[row, n - 1] == tok.eos_id
+            assert tok.eos_id not in labels[row, :n - 1] and tok.bos_id not in dec[row, 1:n]
+    again = _take(make_train_dataset(corpus[0], tok, data, seed=3), 40)
+    assert _signature(again) == _signature(batches)
 
 
 def test_training_source_side_is_the_serving_featuriser(corpus, toy_tokenizer, toy_config):

@@ -196,6 +196,20 @@ def test_card_says_whether_training_sampled_subwords(run_cfg, alpha, nbest, expe
         assert expected in card
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_card_says_whether_training_joined_pairs(run_cfg, fraction):
+    from aiayn.pipeline.release.model_card import write_model_card
+
+    cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(
+        run_cfg.data, concat_fraction=fraction))
+    card = write_model_card(cfg)
+    said = ("; data augmentation by concatenation: two consecutive training pairs joined into "
+            "one with probability 0.5 (evaluation and the export translate one sentence at a "
+            "time).")
+    assert (said in card) == bool(fraction)
+    assert ("concatenation" in card) == bool(fraction)
+
+
 @pytest.mark.parametrize("depths, expected", [((2, 0), "| layers N (encoder, decoder) | 2 |"),
                                               ((2, 2), "| layers N (encoder, decoder) | 2 |"),
                                               ((3, 1), "| layers N (encoder, decoder) | 3, 1 |")])

@@ -3,7 +3,7 @@
 Training::
 
     lines -> tokenise (batched, parallel) -> length filter -> cache (tokenised once)
-          -> seeded shuffle -> repeat
+          -> seeded shuffle -> repeat [-> join a share of the pairs two by two]
           -> 2-D length buckets, token budget per batch, pad to the bucket boundaries
           -> seeded batch shuffle -> prefetch
 
@@ -201,6 +201,63 @@ def filter_by_length(max_length: int) -> Transformation:
                               tgt_len <= max_length)
 
     return lambda dataset: dataset.filter(keep)
+
+
+def concatenate_pairs(fraction: float, max_length: int, seed: int) -> Transformation:
+    """Joins a share of the training examples two by two into longer pairs (data
+    augmentation by concatenation: Nguyen et al., 2021; Kondo et al., 2021).
+
+    The shuffled stream is taken two examples at a time. With probability `fraction`, and
+    when the joined pair still fits `max_length`, the two become one example: source ``s1 +
+    s2``, decoder side ``BOS + t1 + t2``, labels ``t1 + t2 + EOS`` (no EOS or BOS inside: the
+    pieces of the second sentence start a word, as after a space). Otherwise both pass
+    unchanged. Nothing is dropped: every token of the input stream is in the output, in order.
+    The draws are seeded, so the same seed gives the same examples.
+
+    Args:
+      fraction: the probability that two consecutive examples are joined, in [0, 1].
+      max_length: the longest joined sequence (``data.max_length``, special tokens included).
+      seed: the seed of the draws.
+
+    Returns:
+      A transformation for `dataset.apply` over unpadded `(features, labels)` examples.
+    """
+    threshold = tf.constant(round(float(fraction) * 2**20), tf.int64)
+
+    def join_or_keep(pair, draw):
+        features, labels = pair  # ragged (2, (len)) each
+        source, decoder = features["encoder_token_ids"], features["decoder_token_ids"]
+        src_lengths, tgt_lengths = source.row_lengths(), decoder.row_lengths()
+        src_total, tgt_total = tf.reduce_sum(src_lengths), tf.reduce_sum(tgt_lengths)
+        join = (tf.size(src_lengths) == 2) & (draw % 2**20 < threshold) & (
+            src_total <= max_length) & (tgt_total - 1 <= max_length)
+        # Joined, the second decoder row loses its BOS and the first label row its EOS.
+        positions = tf.range(tgt_total)
+        decoder_keep = ~join | tf.not_equal(positions, tgt_lengths[0])
+        label_keep = ~join | tf.not_equal(positions, tgt_lengths[0] - 1)
+        src_rows = tf.cond(join, lambda: tf.reshape(src_total, [1]), lambda: src_lengths)
+        tgt_rows = tf.cond(join, lambda: tf.reshape(tgt_total - 1, [1]), lambda: tgt_lengths)
+
+        def rows(values, lengths):
+            return tf.RaggedTensor.from_row_lengths(values, lengths)
+
+        joined_source = rows(source.values, src_rows)
+        joined_decoder = rows(tf.boolean_mask(decoder.values, decoder_keep), tgt_rows)
+        joined = {
+            "encoder_token_ids": joined_source,
+            "encoder_padding_mask": tf.ones_like(joined_source, dtype=tf.bool),
+            "decoder_token_ids": joined_decoder,
+            "decoder_padding_mask": tf.ones_like(joined_decoder, dtype=tf.bool),
+        }
+        return joined, rows(tf.boolean_mask(labels.values, label_keep), tgt_rows)
+
+    def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        pairs = dataset.ragged_batch(2)  # a last odd example passes alone
+        draws = tf.data.Dataset.random(seed=seed)
+        joined = tf.data.Dataset.zip(pairs, draws).map(join_or_keep)
+        return joined.unbatch().map(_as_dense)
+
+    return apply
 
 
 def length_filter_counts(path_or_paths: PathLike | Sequence[PathLike],
@@ -426,6 +483,9 @@ def make_train_dataset(path_or_paths: PathLike | Sequence[PathLike],
     if not counts["kept"]:  # else repeat() + filter would look for a first batch forever
         raise _no_pair_fits(counts)
     dataset = _shuffled_examples(tf.data.TextLineDataset(paths), tokenizer, data_cfg, seed)
+    if data_cfg.concat_fraction:
+        dataset = dataset.apply(concatenate_pairs(data_cfg.concat_fraction, data_cfg.max_length,
+                                                  seed + 2))
     dataset = dataset.apply(batch_by_token_budget(bounds, data_cfg.token_budget,
                                                   tokenizer.pad_id, drop_remainder=True))
     dataset = dataset.shuffle(BATCH_SHUFFLE_BUFFER, seed=seed + 1, reshuffle_each_iteration=True)

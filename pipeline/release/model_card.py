@@ -292,7 +292,7 @@ def _training_section(cfg: Any, state: Mapping[str, Any] | None,
                f"{t.learning_rate_scale}), "
                f"label smoothing {t.label_smoothing}, {cfg.data.token_budget} tokens per batch "
                f"x {t.gradient_accumulation_steps} accumulation, seed {t.seed}"
-               + _sampling_text(cfg.data) + ".")
+               + _sampling_text(cfg.data) + _concat_text(cfg.data) + ".")
     return out + [""]
 
 
@@ -305,6 +305,15 @@ def _sampling_text(data: Any) -> str:
     return (f"; subword regularisation: each training pair segmented anew at each epoch, "
             f"sampled with alpha {data.subword_alpha:g} among {among} (evaluation and the "
             "export use the one best)")
+
+
+def _concat_text(data: Any) -> str:
+    """``; concatenation ...`` when training joined pairs two by two, else ``""``."""
+    if not data.concat_fraction:
+        return ""
+    return (f"; data augmentation by concatenation: two consecutive training pairs joined into "
+            f"one with probability {data.concat_fraction:g} (evaluation and the export translate "
+            "one sentence at a time)")
 
 
 def _eval_section(cfg: Any, reports: Mapping[str, Any] | None) -> list[str]:
