@@ -367,8 +367,8 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("data", "character_coverage"): _Bound(0.98, 1.0, zero="by language"),  # SentencePiece's
     ("data", "vocab_sample_size"): _Bound(0, zero="every sentence"),
     ("data", "subword_alpha"): _Bound(0.0, zero="no sampling"),
-    ("data", "concat_fraction"): _Bound(0.0, 1.0, zero="off"),
     ("data", "subword_nbest"): _Bound(-1),  # -1 = all; 0 and 1 (no sampling): validate()
+    ("data", "concat_fraction"): _Bound(0.0, 1.0, zero="off"),
     ("data", "max_length"): _Bound(2),  # BOS + one target token
     ("data", "token_budget"): _AT_LEAST_1,
     ("data", "bucket_boundaries"): _AT_LEAST_1,  # each boundary

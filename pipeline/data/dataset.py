@@ -66,6 +66,8 @@ FEATURE_KEYS = ("encoder_token_ids", "encoder_padding_mask",
 TOKENIZE_BATCH_SIZE = 256
 # Batches shuffled after bucketing, so consecutive steps do not follow bucket fill order.
 BATCH_SHUFFLE_BUFFER = 16
+# The resolution of `concatenate_pairs`'s draws: a probability is compared in 2**-20 steps.
+JOIN_DRAW_LEVELS = 2**20
 # Lines per batch of the one counting pass of `length_filter_counts`.
 COUNT_BATCH_SIZE = 1024
 
@@ -222,14 +224,14 @@ def concatenate_pairs(fraction: float, max_length: int, seed: int) -> Transforma
     Returns:
       A transformation for `dataset.apply` over unpadded `(features, labels)` examples.
     """
-    threshold = tf.constant(round(float(fraction) * 2**20), tf.int64)
+    threshold = tf.constant(round(float(fraction) * JOIN_DRAW_LEVELS), tf.int64)
 
     def join_or_keep(pair, draw):
         features, labels = pair  # ragged (2, (len)) each
         source, decoder = features["encoder_token_ids"], features["decoder_token_ids"]
         src_lengths, tgt_lengths = source.row_lengths(), decoder.row_lengths()
         src_total, tgt_total = tf.reduce_sum(src_lengths), tf.reduce_sum(tgt_lengths)
-        join = (tf.size(src_lengths) == 2) & (draw % 2**20 < threshold) & (
+        join = (tf.size(src_lengths) == 2) & (draw % JOIN_DRAW_LEVELS < threshold) & (
             src_total <= max_length) & (tgt_total - 1 <= max_length)
         # Joined, the second decoder row loses its BOS and the first label row its EOS.
         positions = tf.range(tgt_total)

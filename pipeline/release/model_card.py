@@ -311,7 +311,7 @@ def _concat_text(data: Any) -> str:
     """``; concatenation ...`` when training joined pairs two by two, else ``""``."""
     if not data.concat_fraction:
         return ""
-    return (f"; data augmentation by concatenation: two consecutive training pairs joined into "
+    return ("; data augmentation by concatenation: two consecutive training pairs joined into "
             f"one with probability {data.concat_fraction:g} (evaluation and the export translate "
             "one sentence at a time)")
 
