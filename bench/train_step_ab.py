@@ -8,7 +8,10 @@ same number of real batches from each setting's tf.data pipeline over ``<data_di
 (a synthetic corpus, said so, where ``make data vocab`` has not run), runs every batch once
 untimed (tracing every bucket shape), then times ``--rounds`` blocks of ``--steps`` steps per
 setting, alternating which goes first. Host noise (a shared machine) falls on both alike; the
-median block is reported.
+median block is reported. Then the CPU time each setting's pipeline spends on a batch, alone
+(in training it runs on the same cores as the step). Each step is fed from batches taken
+beforehand: two live pipelines in one process timed each other unevenly (the first setting
+6% slower than the second in an A/A run).
 
     .venv/bin/python bench/train_step_ab.py [--a K=V ...] [--b K=V ...] [--set K=V ...] \
         [--preset small] [--batches 48] [--steps 8] [--rounds 12]
@@ -17,9 +20,11 @@ median block is reported.
 With neither ``--a`` nor ``--b`` (as ``make bench`` runs it), the baseline is the preset without
 the concatenation of training pairs (``--a data.concat_fraction=0``) and the candidate is the
 preset.
+
 Prints a table, then (last line) one JSON object: ``s_per_step_a``, ``s_per_step_b``,
-``tokens_per_step_a``, ``tokens_per_step_b``, ``step_time_ratio`` (b over a) and
-``tokens_per_s_ratio`` (b over a: what the time budget turns into, in trained target tokens).
+``tokens_per_step_a``, ``tokens_per_step_b``, ``pipeline_cpu_ms_a``, ``pipeline_cpu_ms_b``,
+``step_time_ratio`` (b over a) and ``tokens_per_s_ratio`` (b over a: what the time budget turns
+into, in trained target tokens).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Setting:
         tokenizer = SubwordTokenizer.from_file(Path(cfg.data.data_dir) / "spm.model")
         dataset = make_train_dataset(Path(cfg.data.data_dir) / "train.tsv", tokenizer,
                                      cfg.data, cfg.data.seed)
+        self.dataset = dataset
         self.batches = list(dataset.take(batches))
         self.tokens_per_step = sum(
             int(tf.reduce_sum(tf.cast(labels != tokenizer.pad_id, tf.int32)))
@@ -84,6 +90,17 @@ class Setting:
         float(logs["loss"])  # waits for the last step
         return (time.perf_counter() - start) / steps
 
+    def pipeline_cpu_ms(self, skip: int, batches: int) -> float:
+        """CPU milliseconds (all threads) the tf.data pipeline spends on one batch, after `skip`
+        batches (the first epoch tokenises and caches the corpus; later epochs do not)."""
+        stream = iter(self.dataset)
+        for _ in range(skip):
+            next(stream)
+        start = time.process_time()
+        for _ in range(batches):
+            next(stream)
+        return (time.process_time() - start) / batches * 1000
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,6 +114,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=48, help="real batches per setting")
     parser.add_argument("--steps", type=int, default=8, help="steps per timed block")
     parser.add_argument("--rounds", type=int, default=12, help="timed blocks per setting")
+    parser.add_argument("--pipeline-batches", type=int, default=400,
+                        help="batches over which the pipeline's CPU time is measured, after "
+                             "as many untimed ones")
     args = parser.parse_args(argv)
     if not args.a and not args.b:
         args.a = ["data.concat_fraction=0"]
@@ -106,25 +126,31 @@ def main(argv=None) -> int:
     sides = [Setting(name, own, load_config([args.preset], args.common + data_dir + own),
                      args.batches) for name, own in (("a", args.a), ("b", args.b))]
     a, b = sides
-    for side in sides:  # every batch once, untimed: each bucket shape traced before timing
+    for side in sides:  # untimed: each bucket shape traced before timing
         side.run(len(side.batches))
     for round_ in range(args.rounds):
         for side in (sides if round_ % 2 == 0 else sides[::-1]):
             side.blocks.append(side.run(args.steps))
+    pipeline_ms = [side.pipeline_cpu_ms(args.pipeline_batches, args.pipeline_batches)
+                   for side in sides]
 
     print(f"{' '.join([args.preset, *args.common])}: {os.cpu_count()} CPUs {cpu_description()}; "
           f"oneDNN {onednn_setting()}; corpus: {corpus}")
     print(f"{args.rounds} interleaved blocks of {args.steps} steps per setting, over "
-          f"{args.batches} real batches each; median block")
-    print(f"{'setting':<44}{'s/step':>8}{'tgt tok/step':>14}{'tgt tok/s':>11}{'policy':>16}")
+          f"{args.batches} real batches each, taken beforehand; median block. The pipeline's "
+          f"CPU time a batch (all threads) over {args.pipeline_batches} batches of a later "
+          "epoch, alone: in training it shares the step's cores")
+    print(f"{'setting':<44}{'s/step':>8}{'tgt tok/step':>14}{'tgt tok/s':>11}"
+          f"{'pipeline CPU ms/batch':>23}{'policy':>16}")
     result = {}
-    for side in sides:
+    for side, cpu_ms in zip(sides, pipeline_ms):
         seconds = statistics.median(side.blocks)
         label = f"{side.name}: {' '.join(side.overrides) or 'the preset'}"
         print(f"{label:<44}{seconds:>8.3f}{side.tokens_per_step:>14.0f}"
-              f"{side.tokens_per_step / seconds:>11.0f}{side.policy:>16}")
+              f"{side.tokens_per_step / seconds:>11.0f}{cpu_ms:>23.2f}{side.policy:>16}")
         result[f"s_per_step_{side.name}"] = round(seconds, 4)
         result[f"tokens_per_step_{side.name}"] = round(side.tokens_per_step, 1)
+        result[f"pipeline_cpu_ms_{side.name}"] = round(cpu_ms, 2)
     step_ratio = result["s_per_step_b"] / result["s_per_step_a"]
     tokens_ratio = (result["tokens_per_step_b"] / result["s_per_step_b"]) / (
         result["tokens_per_step_a"] / result["s_per_step_a"])
