@@ -68,6 +68,8 @@ TOKENIZE_BATCH_SIZE = 256
 BATCH_SHUFFLE_BUFFER = 16
 # The resolution of `concatenate_pairs`'s draws: a probability is compared in 2**-20 steps.
 JOIN_DRAW_LEVELS = 2**20
+# Consecutive pairs that one call of `concatenate_pairs`'s join handles.
+JOIN_GROUP_PAIRS = 32
 # Lines per batch of the one counting pass of `length_filter_counts`.
 COUNT_BATCH_SIZE = 1024
 
@@ -226,37 +228,55 @@ def concatenate_pairs(fraction: float, max_length: int, seed: int) -> Transforma
     """
     threshold = tf.constant(round(float(fraction) * JOIN_DRAW_LEVELS), tf.int64)
 
-    def join_or_keep(pair, draw):
-        features, labels = pair  # ragged (2, (len)) each
+    def join_rows(rows, draws):
+        features, labels = rows  # ragged (n, (len)) each; rows 2i and 2i + 1 are pair i
         source, decoder = features["encoder_token_ids"], features["decoder_token_ids"]
         src_lengths, tgt_lengths = source.row_lengths(), decoder.row_lengths()
-        src_total, tgt_total = tf.reduce_sum(src_lengths), tf.reduce_sum(tgt_lengths)
-        join = (tf.size(src_lengths) == 2) & (draw % JOIN_DRAW_LEVELS < threshold) & (
-            src_total <= max_length) & (tgt_total - 1 <= max_length)
-        # Joined, the second decoder row loses its BOS and the first label row its EOS.
-        positions = tf.range(tgt_total)
-        decoder_keep = ~join | tf.not_equal(positions, tgt_lengths[0])
-        label_keep = ~join | tf.not_equal(positions, tgt_lengths[0] - 1)
-        src_rows = tf.cond(join, lambda: tf.reshape(src_total, [1]), lambda: src_lengths)
-        tgt_rows = tf.cond(join, lambda: tf.reshape(tgt_total - 1, [1]), lambda: tgt_lengths)
+        n = tf.size(src_lengths, out_type=tf.int64)
+        firsts = tf.range(n // 2, dtype=tf.int64) * 2  # an odd last row has no pair
+        seconds = firsts + 1
 
-        def rows(values, lengths):
-            return tf.RaggedTensor.from_row_lengths(values, lengths)
+        def pair_total(lengths):
+            return tf.gather(lengths, firsts) + tf.gather(lengths, seconds)
 
-        joined_source = rows(source.values, src_rows)
-        joined_decoder = rows(tf.boolean_mask(decoder.values, decoder_keep), tgt_rows)
+        join = (draws[:n // 2] % JOIN_DRAW_LEVELS < threshold) & (
+            pair_total(src_lengths) <= max_length) & (pair_total(tgt_lengths) - 1 <= max_length)
+        # appended[r] = 1: row r is the second of a joined pair, appended to row r - 1.
+        appended = tf.scatter_nd(seconds[:, None], tf.cast(join, tf.int64), [n])
+        out_row = tf.cumsum(1 - appended) - 1
+        out_rows = n - tf.reduce_sum(appended)
+
+        def lengths(row_lengths):
+            return tf.math.unsorted_segment_sum(row_lengths, out_row, out_rows)
+
+        # Joined, the second decoder row loses its BOS (its first value) and the first label
+        # row its EOS (the value before the second row's start): one value less a joined pair.
+        starts = tf.gather(decoder.row_starts(), tf.where(appended > 0)[:, 0])
+
+        def without(values, positions):
+            dropped = tf.scatter_nd(positions[:, None], tf.ones_like(positions), tf.shape(
+                values, out_type=tf.int64))
+            return tf.boolean_mask(values, tf.equal(dropped, 0))
+
+        tgt_rows = lengths(tgt_lengths - appended)
+        joined_source = tf.RaggedTensor.from_row_lengths(source.values, lengths(src_lengths))
+        joined_decoder = tf.RaggedTensor.from_row_lengths(without(decoder.values, starts),
+                                                          tgt_rows)
         joined = {
             "encoder_token_ids": joined_source,
             "encoder_padding_mask": tf.ones_like(joined_source, dtype=tf.bool),
             "decoder_token_ids": joined_decoder,
             "decoder_padding_mask": tf.ones_like(joined_decoder, dtype=tf.bool),
         }
-        return joined, rows(tf.boolean_mask(labels.values, label_keep), tgt_rows)
+        return joined, tf.RaggedTensor.from_row_lengths(without(labels.values, starts - 1),
+                                                        tgt_rows)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
-        pairs = dataset.ragged_batch(2)  # a last odd example passes alone
-        draws = tf.data.Dataset.random(seed=seed)
-        joined = tf.data.Dataset.zip(pairs, draws).map(join_or_keep)
+        # JOIN_GROUP_PAIRS pairs a call: one op graph over many pairs costs the pipeline's
+        # thread far less than one a pair. Pair i of the stream takes draw i, as one a call did.
+        groups = dataset.ragged_batch(2 * JOIN_GROUP_PAIRS)
+        draws = tf.data.Dataset.random(seed=seed).batch(JOIN_GROUP_PAIRS)
+        joined = tf.data.Dataset.zip(groups, draws).map(join_rows)
         return joined.unbatch().map(_as_dense)
 
     return apply
