@@ -230,6 +230,24 @@ def test_concatenation_keeps_pairs_that_would_not_fit_and_loses_nothing():
         _stream(TOY_STREAM))
 
 
+def test_concatenation_pairs_across_groups_as_one_at_a_time():
+    # 131 examples span several of the join's groups of pairs (JOIN_GROUP_PAIRS a call): every
+    # pair (2i, 2i + 1) joins when it fits, wherever a group boundary falls, and the odd last
+    # example passes alone. The reference joins one pair at a time, in plain Python.
+    examples = [([30 + i] * (1 + i % 4), [40 + i] * (1 + i % 3)) for i in range(131)]
+    joined = _listed(_stream([_example(s, t) for s, t in examples]).apply(
+        concatenate_pairs(1.0, 6, seed=0)))
+    expected = []
+    for (s1, t1), (s2, t2) in zip(examples[0::2], examples[1::2]):
+        if len(s1 + s2) <= 6 and len(t1 + t2) + 1 <= 6:
+            expected.append((s1 + s2, [BOS] + t1 + t2, t1 + t2 + [EOS], True))
+        else:
+            expected += [(s1, [BOS] + t1, t1 + [EOS], True), (s2, [BOS] + t2, t2 + [EOS], True)]
+    expected.append((examples[-1][0], [BOS] + examples[-1][1], examples[-1][1] + [EOS], True))
+    assert joined == expected
+    assert 0 < len(expected) - 66 < 65  # some pairs joined, some passed as two
+
+
 def test_concatenation_share_and_seed():
     stream = _stream([_example([10 + i % 50], [20 + i % 50]) for i in range(2000)])
 
