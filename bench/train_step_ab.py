@@ -63,10 +63,9 @@ class Setting:
 
     def __init__(self, name, overrides, cfg, tokenizer, batches: int):
         self.name, self.overrides = name, overrides
-        dataset = make_train_dataset(Path(cfg.data.data_dir) / "train.tsv", tokenizer,
-                                     cfg.data, cfg.data.seed)
-        self.dataset = dataset
-        self.batches = list(dataset.take(batches))
+        self.dataset = make_train_dataset(Path(cfg.data.data_dir) / "train.tsv", tokenizer,
+                                          cfg.data, cfg.data.seed)
+        self.batches = list(self.dataset.take(batches))
         self.tokens_per_step = sum(
             int(tf.reduce_sum(tf.cast(labels != tokenizer.pad_id, tf.int32)))
             for _, labels in self.batches) / len(self.batches)
