@@ -94,3 +94,50 @@ def test_model_card_names_the_tokenizer_used(tmp_path):
     assert f"test bleu: {report['bleu_signature']}" in card
     assert "**Unknown input.**" in card and "unknown_fraction" in card
     assert "character coverage 0.9995" in card
+
+
+def test_length_by_reference_groups_the_references_shortest_first():
+    settings = metric_settings("es")
+    # References of 10 down to 1 tokens; each hypothesis one token shorter than its reference,
+    # but the one-token reference's, one longer.
+    references = [" ".join(["w"] * n) for n in range(10, 0, -1)]
+    hypotheses = [" ".join(["w"] * (n - 1)) for n in range(10, 1, -1)] + ["w w"]
+    groups = metrics.length_by_reference(hypotheses, references, settings)
+    assert groups == [
+        {"reference_tokens": [1, 2], "sentences": 2, "hyp_len": 3, "ref_len": 3,
+         "length_ratio": 1.0},
+        {"reference_tokens": [3, 4], "sentences": 2, "hyp_len": 5, "ref_len": 7,
+         "length_ratio": 0.714},
+        {"reference_tokens": [5, 6], "sentences": 2, "hyp_len": 9, "ref_len": 11,
+         "length_ratio": 0.818},
+        {"reference_tokens": [7, 8], "sentences": 2, "hyp_len": 13, "ref_len": 15,
+         "length_ratio": 0.867},
+        {"reference_tokens": [9, 10], "sentences": 2, "hyp_len": 17, "ref_len": 19,
+         "length_ratio": 0.895}]
+    # The groups add up to sacreBLEU's own lengths for the corpus.
+    detail = score_corpus(hypotheses, references, settings)["bleu_detail"]
+    assert "hyp_len = 47 ref_len = 55" in detail
+
+
+def test_length_by_reference_counts_bleus_tokens_and_handles_small_splits():
+    zh = metric_settings("zh")  # a Chinese character is a token
+    groups = metrics.length_by_reference(["我爱你", "好"], ["我爱你们。", "很好"], zh, groups=5)
+    assert [(g["reference_tokens"], g["sentences"], g["hyp_len"], g["ref_len"])
+            for g in groups] == [([2, 2], 1, 1, 2), ([5, 5], 1, 3, 5)]
+    assert metrics.length_by_reference([], [], zh) == []
+    with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
+        metrics.length_by_reference(["a", "b"], ["a"], zh)
+
+
+def test_the_printed_report_shows_the_length_by_reference_when_it_has_it():
+    from aiayn.pipeline.training.split_report import report_line
+
+    report = {"split": "test", "sentences": 4, "bleu": 10.0, "chrf": 30.0, "seconds": 1.0,
+              "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6",
+              "metric_settings": "BLEU tokenizer `13a`"}
+    assert "length" not in report_line(report)  # a report written before it had the groups
+    report["length_by_reference"] = metrics.length_by_reference(
+        ["a", "a b", "a b", "a b c d e"], ["a", "a b c", "a b c", "a b c d"],
+        metric_settings("es"), groups=2)
+    assert report_line(report).endswith(
+        "\n  output/reference length, by reference tokens: 1-3 0.750 | 3-4 1.000")

@@ -195,8 +195,8 @@ def test_the_choice_of_the_final_weights_is_their_dev_evaluation(tiny_run):
     fresh = evaluate_run(cfg, split="dev")
     assert (run_dir / "eval" / "dev.hyp.txt").read_text(encoding="utf-8") == hyps
     for key in ("split", "sentences", "bleu", "chrf", "bleu_signature", "chrf_signature",
-                "bleu_detail", "metric_settings", "weights", "decode", "samples",
-                "hypotheses_path"):
+                "bleu_detail", "length_by_reference", "metric_settings", "weights", "decode",
+                "samples", "hypotheses_path"):
         assert saved[key] == fresh[key] == written[key], key
 
 

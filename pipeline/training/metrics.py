@@ -154,3 +154,36 @@ def score_corpus(hypotheses: Sequence[str], references: Sequence[str],
             "bleu_signature": str(bleu.get_signature()),
             "chrf_signature": str(chrf.get_signature()),
             "bleu_tokenize": settings.bleu_tokenize, "bleu_detail": str(b)}
+
+
+def length_by_reference(hypotheses: Sequence[str], references: Sequence[str],
+                        settings: MetricSettings, groups: int = 5) -> list[dict[str, Any]]:
+    """The output's length against the reference's, for the shortest to the longest references.
+
+    BLEU's brevity penalty sees only the corpus's total length; a model that drops clauses of
+    long sentences and pads short ones can look level. The sentences, ordered by the length of
+    their reference (BLEU's tokens, ``settings.bleu_tokenize``), are cut into ``groups`` groups
+    of (nearly) equal size; each says its range of reference tokens, its number of sentences and
+    its hypotheses' and references' tokens (``hyp_len``, ``ref_len``: the groups add up to
+    sacreBLEU's figures for the corpus) and ``length_ratio``, the one over the other.
+
+    Returns:
+      One dict a group, shortest references first: ``reference_tokens`` ([fewest, most]),
+      ``sentences``, ``hyp_len``, ``ref_len``, ``length_ratio`` (3 decimals). Empty when there
+      are no sentences.
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
+    tokenizer = settings.bleu().tokenizer
+    lengths = sorted(((len(tokenizer(r.rstrip()).split()), len(tokenizer(h.rstrip()).split()))
+                      for h, r in zip(hypotheses, references)))
+    n = len(lengths)
+    cuts = sorted({round(i * n / groups) for i in range(groups + 1)})
+    rows = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        group = lengths[lo:hi]
+        ref_len, hyp_len = sum(r for r, _ in group), sum(h for _, h in group)
+        rows.append({"reference_tokens": [group[0][0], group[-1][0]], "sentences": len(group),
+                     "hyp_len": hyp_len, "ref_len": ref_len,
+                     "length_ratio": round(hyp_len / max(ref_len, 1), 3)})
+    return rows

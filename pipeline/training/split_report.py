@@ -20,7 +20,7 @@ from typing import Any
 from aiayn.pipeline.config import Config
 from aiayn.pipeline.fileio import atomic_write
 from aiayn.pipeline.training.artifacts import RunFiles
-from aiayn.pipeline.training.metrics import metric_settings_for
+from aiayn.pipeline.training.metrics import length_by_reference, metric_settings_for
 from aiayn.pipeline.training.validation import score
 
 
@@ -31,6 +31,8 @@ def split_report(cfg: Config, split: str, pairs: Sequence[tuple[str, str]],
 
     Returns:
       ``split``, ``sentences``, ``bleu``, ``chrf``, their signatures and ``bleu_detail``,
+      ``length_by_reference`` (the output's length in five groups of the references, shortest
+      first: :func:`aiayn.pipeline.training.metrics.length_by_reference`),
       ``metric_settings``, ``seconds``, ``sentences_per_second``, ``weights``, ``decode`` and
       ``samples`` (the first, middle and last pairs with their hypotheses).
     """
@@ -39,7 +41,9 @@ def split_report(cfg: Config, split: str, pairs: Sequence[tuple[str, str]],
     settings = metric_settings_for(cfg)
     references = [t for _, t in pairs]
     report = {"split": split, "sentences": len(pairs),
-              **score(hypotheses, references, settings), "metric_settings": settings.describe(),
+              **score(hypotheses, references, settings),
+              "length_by_reference": length_by_reference(hypotheses, references, settings),
+              "metric_settings": settings.describe(),
               "seconds": round(seconds, 1),
               "sentences_per_second": round(len(pairs) / max(seconds, 1e-9), 2),
               "weights": str(weights_path), "decode": dataclasses.asdict(cfg.decode)}
@@ -69,8 +73,15 @@ def write_split_report(cfg: Config, split: str, pairs: Sequence[tuple[str, str]]
 
 
 def report_line(report: dict[str, Any]) -> str:
-    """The report as the evaluate stage prints it (scores, sentences, time, signatures)."""
-    return (f"{report['split']}: BLEU {report['bleu']:.2f} chrF {report['chrf']:.2f} on "
+    """The report as the evaluate stage prints it (scores, sentences, time, signatures, the
+    output's length by the reference's)."""
+    line = (f"{report['split']}: BLEU {report['bleu']:.2f} chrF {report['chrf']:.2f} on "
             f"{report['sentences']} sentences ({report['seconds']:.0f}s)\n  "
             f"{report['bleu_signature']}\n  {report['chrf_signature']}\n  "
             f"{report['metric_settings']}")
+    groups = report.get("length_by_reference")  # absent from reports of earlier versions
+    if groups:
+        line += "\n  output/reference length, by reference tokens: " + " | ".join(
+            f"{g['reference_tokens'][0]}-{g['reference_tokens'][1]} {g['length_ratio']:.3f}"
+            for g in groups)
+    return line
