@@ -79,7 +79,7 @@ def report_line(report: dict[str, Any]) -> str:
             f"{report['sentences']} sentences ({report['seconds']:.0f}s)\n  "
             f"{report['bleu_signature']}\n  {report['chrf_signature']}\n  "
             f"{report['metric_settings']}")
-    groups = report.get("length_by_reference")  # absent from reports of earlier versions
+    groups = report.get("length_by_reference")  # none for an empty split or a bare dict
     if groups:
         line += "\n  output/reference length, by reference tokens: " + " | ".join(
             f"{g['reference_tokens'][0]}-{g['reference_tokens'][1]} {g['length_ratio']:.3f}"
