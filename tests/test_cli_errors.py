@@ -178,6 +178,10 @@ CASES: dict[str, Case] = {
     "evaluate-weights-not-hdf5": Case(
         "evaluate", [*VOCAB_SETTINGS, "--weights", "{tmp}/bad.weights.h5"], "bad.weights.h5",
         _all(_TOY, lambda tmp, r: _not_hdf5(tmp / "bad.weights.h5"))),
+    "evaluate-weights-not-a-weights-file": Case(  # Keras reads by suffix; it would fail inside
+        "evaluate", [*VOCAB_SETTINGS, "--weights", "{tmp}/run/averaging.json"],
+        "averaging.json is not a .weights.h5 file",
+        _all(_TOY, _write("{}\n", "run", "averaging.json"))),
     "evaluate-weights-of-another-config": Case(
         "evaluate", [*VOCAB_SETTINGS, "--weights", "{tmp}/other.weights.h5"],
         "other.weights.h5 does not fit the model", _weights_of_another_config),
@@ -199,6 +203,9 @@ CASES: dict[str, Case] = {
         _mkdir("exports", "translate", "1")),
     "translate-explain-without-weights": Case(
         "translate", ["--explain", "{tmp}/attention.png", "Hello."], "final.weights.h5"),
+    "translate-explain-weights-directory": Case(
+        "translate", ["--explain", "{tmp}/attention.png", "--weights", "{tmp}/run", "Hello."],
+        "run is a directory", _mkdir("run")),
     # verify
     "verify-no-savedmodel": Case("verify", ["--export", "{tmp}/empty"], "holds no SavedModel",
                                  _mkdir("empty")),

@@ -171,13 +171,21 @@ def resolve_weights(cfg: Config, weights: str | os.PathLike | None) -> Path:
     """``weights`` if given, else the run's ``final.weights.h5``; it must exist.
 
     Raises:
-      UserInputError: the file does not exist (names it and how to make it).
+      UserInputError: the file does not exist (names it and how to make it), or is not a
+        ``.weights.h5`` file (Keras reads weights by the file's suffix; any other name, a
+        directory included, would fail inside it without saying which file).
     """
     path = Path(weights).expanduser() if weights else RunFiles.of(cfg).final
     if not path.exists():
         raise UserInputError(
             f"Weights file {path} not found: train first (`aiayn train`) or pass --weights "
             "with a .weights.h5 file of this run.")
+    if path.is_dir() or not path.name.endswith(".weights.h5"):
+        kind = "a directory" if path.is_dir() else "not a .weights.h5 file"
+        raise UserInputError(
+            f"Weights file {path} is {kind}: pass --weights with a .weights.h5 file written by "
+            f"`aiayn train` (the run's final.weights.h5, best.weights.h5 or a checkpoint in "
+            f"{RunFiles.of(cfg).checkpoints}).")
     return path
 
 
