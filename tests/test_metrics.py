@@ -135,7 +135,7 @@ def test_the_printed_report_shows_the_length_by_reference_when_it_has_it():
     report = {"split": "test", "sentences": 4, "bleu": 10.0, "chrf": 30.0, "seconds": 1.0,
               "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6",
               "metric_settings": "BLEU tokenizer `13a`"}
-    assert "length" not in report_line(report)  # a report written before it had the groups
+    assert "length" not in report_line(report)  # no groups: an empty split, a bare dict
     report["length_by_reference"] = metrics.length_by_reference(
         ["a", "a b", "a b", "a b c d e"], ["a", "a b c", "a b c", "a b c d"],
         metric_settings("es"), groups=2)
