@@ -531,47 +531,59 @@ def _coerce(section: str, key: str, value: Any, typ: Any, origin: str) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{where} must be true or false; got {value!r}.")
     if typ is int:
-        expected = _expected(section, key, integer=True)
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be {expected}; got {value!r}.")
-        if isinstance(value, int):
-            return value
-        text = value.strip().replace("_", "") if isinstance(value, str) else value
-        if isinstance(text, str) and re.fullmatch(r"[+-]?\d+", text):
-            return int(text)  # exactly, however long (the range check follows in validate)
-        try:
-            as_float = float(text)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{where} must be {expected}; got {value!r}.") from None
-        if not math.isfinite(as_float):  # "1e400" parses to inf
-            raise ConfigError(f"{where} must be {expected}; got {value!r}, which is not a finite "
-                              "number.")
-        if as_float != int(as_float):
-            raise ConfigError(f"{where} must be {expected} (a whole number); got {value!r}.")
-        return int(as_float)
+        return _coerce_int(value, where, _expected(section, key, integer=True))
     if typ is float:
-        expected = _expected(section, key, integer=False)
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be {expected}; got {value!r}.")
-        try:
-            number = float(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{where} must be {expected}; got {value!r}.") from None
-        if not math.isfinite(number):  # "1e400" parses to inf
-            raise ConfigError(f"{where} must be {expected}; got {value!r}, which is not a finite "
-                              "number.")
-        return number
+        return _coerce_float(value, where, _expected(section, key, integer=False))
     if typ is str:
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        if not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{where} must be a string; got {value!r}.")
-        value = str(value)
-        choices = _VALID_CHOICES.get((section, key))
-        if choices and value not in choices:
-            raise ConfigError(f"{where} must be one of {', '.join(choices)}; got {value!r}.")
-        return value
+        return _coerce_choice(value, where, _VALID_CHOICES.get((section, key)))
     raise ConfigError(f"{where}: unsupported type {typ!r}.")  # pragma: no cover
+
+
+def _coerce_int(value: Any, where: str, expected: str) -> int:
+    """An int from an int, a digit string of any length, or a float-like whole number."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} must be {expected}; got {value!r}.")
+    if isinstance(value, int):
+        return value
+    text = value.strip().replace("_", "") if isinstance(value, str) else value
+    if isinstance(text, str) and re.fullmatch(r"[+-]?\d+", text):
+        return int(text)  # exactly, however long (the range check follows in validate)
+    as_float = _finite_float(text, value, where, expected)
+    if as_float != int(as_float):
+        raise ConfigError(f"{where} must be {expected} (a whole number); got {value!r}.")
+    return int(as_float)
+
+
+def _coerce_float(value: Any, where: str, expected: str) -> float:
+    """A finite float from a number or a numeric string (never from a bool)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} must be {expected}; got {value!r}.")
+    return _finite_float(value.strip() if isinstance(value, str) else value, value, where,
+                         expected)
+
+
+def _finite_float(text: Any, value: Any, where: str, expected: str) -> float:
+    """`float(text)`, or a ConfigError naming `value` when it is not a finite number."""
+    try:
+        number = float(text)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{where} must be {expected}; got {value!r}.") from None
+    if not math.isfinite(number):  # "1e400" parses to inf
+        raise ConfigError(f"{where} must be {expected}; got {value!r}, which is not a finite "
+                          "number.")
+    return number
+
+
+def _coerce_choice(value: Any, where: str, choices: Sequence[str] | None) -> str:
+    """A string (YAML's bools and numbers written back as text), one of `choices` if given."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    if not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{where} must be a string; got {value!r}.")
+    value = str(value)
+    if choices and value not in choices:
+        raise ConfigError(f"{where} must be one of {', '.join(choices)}; got {value!r}.")
+    return value
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -679,11 +691,19 @@ def validate(cfg: Config) -> None:
       ConfigError: the first bad setting, naming the field, the value and the valid range.
     """
     _check_ranges(cfg)  # before the divisions below
-    d, m, t = cfg.data, cfg.model, cfg.train
     try:
         check_pattern(cfg.export.protect_pattern, re2=False)
     except PatternError as err:
         raise ConfigError(f"`export.protect_pattern`: {err}") from None
+    _check_model(cfg.model)
+    _check_batching(cfg.data)
+    _check_corpus(cfg.data)
+    _check_outputs(cfg)
+    source_limit(cfg)
+
+
+def _check_model(m: ModelConfig) -> None:
+    """The model's shape: heads that divide the width, a width the sinusoids can use."""
     if m.hidden_dim % m.num_heads:
         raise ConfigError(
             "`model.num_heads` must divide `model.hidden_dim`. Received: "
@@ -693,6 +713,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"`model.hidden_dim` must be even for the sinusoidal encoding; got {m.hidden_dim}."
         )
+
+
+def _check_batching(d: DataConfig) -> None:
+    """What the training batches need: the longest pair fits, sampling that samples, buckets."""
     if d.token_budget < d.max_length:
         raise ConfigError(
             f"`data.token_budget` ({d.token_budget}) must be at least `data.max_length` "
@@ -713,6 +737,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"`data.bucket_boundaries` must be strictly increasing positive integers; got {bounds}."
         )
+
+
+def _check_corpus(d: DataConfig) -> None:
+    """The languages and the corpus: codes, the Bible's pair, the held-out splits."""
     for name in ("source_lang", "target_lang"):
         code = getattr(d, name)
         if not re.fullmatch(r"[A-Za-z0-9_.@-]+", code):
@@ -738,6 +766,11 @@ def validate(cfg: Config) -> None:
                 f"`data.heldout_size` must be an integer >= 1 when data.dev_corpus and "
                 f"data.test_corpus are not given (it is the size of each of dev and test); "
                 f"got {d.heldout_size}.")
+
+
+def _check_outputs(cfg: Config) -> None:
+    """What training, decoding and the export write: averaged checkpoints, n-best, the name."""
+    t = cfg.train
     if t.average_last > t.keep_checkpoints:
         raise ConfigError(
             f"`train.average_last` ({t.average_last}) cannot exceed `train.keep_checkpoints` "
@@ -752,7 +785,6 @@ def validate(cfg: Config) -> None:
     if not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigError(f"`export.model_name` must use letters, digits, '_', '-' and '.' "
                           f"(a directory name and a URL path segment); got {name!r}.")
-    source_limit(cfg)
 
 
 def source_limit(cfg: Config) -> int:
