@@ -138,6 +138,9 @@ class Worker:
 
 
 # -- weights and sentences ------------------------------------------------------------------
+SYNTHETIC_CORPUS = "a SYNTHETIC word-for-word corpus (no prepared data)"
+
+
 def _synthetic_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     """Word-for-word "translations" through a fixed permutation of the bench's word list."""
     rng = random.Random(1234)
@@ -149,42 +152,53 @@ def _synthetic_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def quick_model(cfg, minutes: float, workdir: Path):
-    """The preset's architecture trained for ``minutes`` (see the module docstring)."""
-    import keras
+def _quick_data(cfg, workdir: Path):
+    """The QUICK model's data: (training TSV, tokenizer, test pairs, a description): the
+    prepared splits when there are any, else a synthetic word-for-word corpus."""
     import sentencepiece as spm
 
     from aiayn.models.tokenizer import SubwordTokenizer
     from aiayn.pipeline.data.corpus import split_path
-    from aiayn.pipeline.data.dataset import make_train_dataset
     from aiayn.pipeline.data.vocab import vocab_path
-    from aiayn.pipeline.training.artifacts import build_model, read_split
-    from aiayn.pipeline.training.recipe import compile_model
+    from aiayn.pipeline.training.artifacts import read_split
 
     train_path, vocab = Path(split_path(cfg, "train")), Path(vocab_path(cfg))
     if train_path.exists() and vocab.exists() and Path(split_path(cfg, "test")).exists():
-        tokenizer = SubwordTokenizer.from_file(vocab)
-        test = read_split(cfg, "test")
-        corpus = f"the prepared training split {train_path}"
-    else:
-        pairs = _synthetic_pairs(20000, seed=5)
-        train_path = workdir / "synthetic.tsv"
-        train_path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
-        model_file = workdir / "synthetic.model"
-        spm.SentencePieceTrainer.train(
-            input=str(train_path), model_prefix=str(model_file.with_suffix("")),
-            vocab_size=400, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
-            minloglevel=2)
-        tokenizer = SubwordTokenizer.from_file(model_file)
-        test = _synthetic_pairs(400, seed=6)
-        corpus = "a SYNTHETIC word-for-word corpus (no prepared data)"
+        return (train_path, SubwordTokenizer.from_file(vocab), read_split(cfg, "test"),
+                f"the prepared training split {train_path}")
+    pairs = _synthetic_pairs(20000, seed=5)
+    train_path = workdir / "synthetic.tsv"
+    train_path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    model_file = workdir / "synthetic.model"
+    spm.SentencePieceTrainer.train(
+        input=str(train_path), model_prefix=str(model_file.with_suffix("")),
+        vocab_size=400, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        minloglevel=2)
+    return (train_path, SubwordTokenizer.from_file(model_file), _synthetic_pairs(400, seed=6),
+            SYNTHETIC_CORPUS)
+
+
+def quick_model(cfg, minutes: float, workdir: Path):
+    """The preset's architecture trained for ``minutes`` (see the module docstring)."""
+    import keras
+
+    from aiayn.pipeline.data.dataset import make_train_dataset
+    from aiayn.pipeline.training.artifacts import build_model
+    from aiayn.pipeline.training.recipe import compile_model
+
+    train_path, tokenizer, test, corpus = _quick_data(cfg, workdir)
     keras.utils.set_random_seed(0)
-    # Small batches and a warm-up sized to the few hundred steps there is time for.
+    # Small batches and a warm-up sized to the few hundred steps there is time for. A synthetic
+    # corpus has no output vocabulary file (`aiayn vocab` writes it): its decoder produces all
+    # of its pieces.
+    output_vocabulary = "joint" if corpus == SYNTHETIC_CORPUS else cfg.data.output_vocabulary
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, warmup_steps=100),
-                              data=dataclasses.replace(cfg.data, token_budget=1024))
+                              data=dataclasses.replace(cfg.data, token_budget=1024,
+                                                       output_vocabulary=output_vocabulary))
     model = build_model(cfg, tokenizer, dtype="float32")
     compile_model(model, cfg, tokenizer.pad_id, jit_compile=False, policy="float32")
     data = make_train_dataset(train_path, tokenizer, cfg.data)
+
     class TimeLimit(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.start = time.perf_counter()
@@ -217,7 +231,7 @@ def batches_of(order: list[int], size: int) -> list[list[int]]:
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def main(argv=None) -> int:
+def _parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--sentences", type=int, default=200)
@@ -228,11 +242,111 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, as `aiayn --set` (e.g. decode.stop_rule=bound, "
                              "train.run_dir=runs/other)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def _start_workers(model, tokenizer, options, sources: list[str], tmp: Path) -> dict:
+    """The SavedModel and CTranslate2 float32 / int8 exports of `model`, each engine in its
+    own warm process."""
+    from aiayn.export import ctranslate2 as ct2
+    from aiayn.export import saved_model as sm
+
+    t0 = time.perf_counter()
+    saved = sm.export_saved_model(model, tokenizer, tmp / "exports", "translate",
+                                  options=options, sample_texts=sources[:2])
+    ct2_dirs = {q: ct2.convert(model, tokenizer, options, tmp / f"ct2-{q}", q)
+                for q in ("none", "int8")}
+    print(f"# SavedModel and CTranslate2 exports written ({time.perf_counter() - t0:.0f} s)",
+          flush=True)
+    return {
+        "savedmodel": Worker("SavedModel", SAVEDMODEL_WORKER, saved, sources, True,
+                             tmp / "savedmodel.log"),
+        "ct2": Worker("CTranslate2", CT2_WORKER, ct2_dirs["none"], sources, False,
+                      tmp / "ct2.log"),
+        "ct2_int8": Worker("CTranslate2 int8", CT2_WORKER, ct2_dirs["int8"], sources, False,
+                           tmp / "ct2_int8.log")}
+
+
+def _orders(tokenizer, sources: list[str]) -> dict[str, list[int]]:
+    """The sentences in file order and sorted by their length in pieces."""
     import sentencepiece as spm
 
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(bytes(tokenizer.model_proto))
+    lengths = [len(ids) for ids in processor.encode(sources)]
+    return {"file": list(range(len(sources))),
+            "sorted": sorted(range(len(sources)), key=lambda i: lengths[i])}
+
+
+def _interleaved_rounds(workers: dict, orders: dict, batch: int, rounds: int):
+    """One untimed pass per engine, then `rounds` rounds of every (engine, order), the engine
+    order rotating: ({(engine, order): [seconds]}, {(engine, order): first translations})."""
+    times = {(e, o): [] for e in workers for o in orders}
+    outputs = {}
+    warm = batches_of(orders["file"], batch)
+    for worker in workers.values():  # untimed: graph optimisation, caches, allocators
+        worker.run(warm[:2])
+    names = list(workers)
+    for r in range(rounds):
+        for order, idx in orders.items():
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                time.sleep(PAUSE_S)  # the previous engine's threads stop spinning
+                seconds, out = workers[name].run(batches_of(idx, batch))
+                times[(name, order)].append(seconds)
+                outputs.setdefault((name, order), out)
+        print(f"# round {r + 1}/{rounds}: " + ", ".join(
+            f"{n} {o} {times[(n, o)][-1]:.1f}s" for n in names for o in orders), flush=True)
+    return times, outputs
+
+
+def _result(rate: dict, bleu: dict, outputs: dict, args, options, label: str,
+            sentences: int) -> dict:
     from aiayn.export import ctranslate2 as ct2
+
+    same = sum(a == b for a, b in zip(outputs[("ct2", "file")], outputs[("savedmodel", "file")]))
+    return {
+        "savedmodel_sent_per_s": round(rate[("savedmodel", "file")], 2),
+        "ct2_sent_per_s": round(rate[("ct2", "file")], 2),
+        "ct2_int8_sent_per_s": round(rate[("ct2_int8", "file")], 2),
+        "savedmodel_over_ct2": round(rate[("savedmodel", "file")] / rate[("ct2", "file")], 3),
+        "bleu_savedmodel": bleu["savedmodel"], "bleu_ct2": bleu["ct2"],
+        "bleu_ct2_int8": bleu["ct2_int8"],
+        "savedmodel_sorted_sent_per_s": round(rate[("savedmodel", "sorted")], 2),
+        "ct2_sorted_sent_per_s": round(rate[("ct2", "sorted")], 2),
+        "ct2_int8_sorted_sent_per_s": round(rate[("ct2_int8", "sorted")], 2),
+        "savedmodel_over_ct2_sorted": round(rate[("savedmodel", "sorted")]
+                                            / rate[("ct2", "sorted")], 3),
+        "ct2_same_output_as_savedmodel": round(same / sentences, 3),
+        "weights": label, "quick_model": label.startswith("QUICK"),
+        "sentences": sentences, "batch": args.batch, "rounds": args.rounds,
+        "threads": THREADS, "beam_size": options.beam_size,
+        "length_penalty": options.length_penalty, "max_extra_length": options.max_extra_length,
+        "cpu_count": os.cpu_count(), "ctranslate2_version": ct2.import_ctranslate2().__version__,
+        "ct2_use_mkl": os.environ.get("CT2_USE_MKL", ""),  # "": CTranslate2's own choice
+    }
+
+
+def _print_table(result: dict, rate: dict, bleu: dict) -> None:
+    print()
+    print(f"{result['weights']}")
+    print(f"{result['sentences']} sentences, beam {result['beam_size']}, batches of "
+          f"{result['batch']}, {THREADS} threads per engine, tokenisation included; median of "
+          f"{result['rounds']} interleaved rounds; {os.cpu_count()} CPU cores")
+    print(f"{'engine':<22}{'file order':>12}{'sorted':>10}{'BLEU':>8}")
+    print("-" * 52)
+    for name, title in (("savedmodel", "SavedModel (TF only)"), ("ct2", "CTranslate2 float32"),
+                        ("ct2_int8", "CTranslate2 int8")):
+        print(f"{title:<22}{rate[(name, 'file')]:>12.1f}{rate[(name, 'sorted')]:>10.1f}"
+              f"{bleu[name]:>8.2f}")
+    print(f"{'SavedModel / CT2 f32':<22}{result['savedmodel_over_ct2']:>12.3f}"
+          f"{result['savedmodel_over_ct2_sorted']:>10.3f}")
+    print("(sentences/s; CTranslate2's length penalty is logprob / len ** alpha, the "
+          "SavedModel's GNMT's; README, CTranslate2)")
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+
     from aiayn.export import saved_model as sm
     from aiayn.pipeline.config import load_config
     from aiayn.pipeline.training.validation import score
@@ -249,85 +363,18 @@ def main(argv=None) -> int:
         sources, references = [s for s, _ in pairs], [t for _, t in pairs]
         print(f"# {label}; {len(sources)} sentences ({time.perf_counter() - t0:.0f} s)",
               flush=True)
-        t0 = time.perf_counter()
-        saved = sm.export_saved_model(model, tokenizer, tmp / "exports", "translate",
-                                      options=options, sample_texts=sources[:2])
-        ct2_dirs = {q: ct2.convert(model, tokenizer, options, tmp / f"ct2-{q}", q)
-                    for q in ("none", "int8")}
-        print(f"# SavedModel and CTranslate2 exports written ({time.perf_counter() - t0:.0f} s)",
-              flush=True)
-
-        processor = spm.SentencePieceProcessor()
-        processor.LoadFromSerializedProto(bytes(tokenizer.model_proto))
-        lengths = [len(ids) for ids in processor.encode(sources)]
-        orders = {"file": list(range(len(sources))),
-                  "sorted": sorted(range(len(sources)), key=lambda i: lengths[i])}
-        workers = {
-            "savedmodel": Worker("SavedModel", SAVEDMODEL_WORKER, saved, sources, True,
-                                 tmp / "savedmodel.log"),
-            "ct2": Worker("CTranslate2", CT2_WORKER, ct2_dirs["none"], sources, False,
-                          tmp / "ct2.log"),
-            "ct2_int8": Worker("CTranslate2 int8", CT2_WORKER, ct2_dirs["int8"], sources, False,
-                               tmp / "ct2_int8.log")}
-        times = {(e, o): [] for e in workers for o in orders}
-        outputs = {}
+        workers = _start_workers(model, tokenizer, options, sources, tmp)
         try:
-            warm = batches_of(orders["file"], args.batch)
-            for worker in workers.values():  # untimed: graph optimisation, caches, allocators
-                worker.run(warm[:2])
-            names = list(workers)
-            for r in range(args.rounds):
-                for order, idx in orders.items():
-                    for name in names[r % len(names):] + names[:r % len(names)]:
-                        time.sleep(PAUSE_S)  # the previous engine's threads stop spinning
-                        seconds, out = workers[name].run(batches_of(idx, args.batch))
-                        times[(name, order)].append(seconds)
-                        outputs.setdefault((name, order), out)
-                print(f"# round {r + 1}/{args.rounds}: " + ", ".join(
-                    f"{n} {o} {times[(n, o)][-1]:.1f}s" for n in names for o in orders),
-                    flush=True)
+            times, outputs = _interleaved_rounds(workers, _orders(tokenizer, sources),
+                                                 args.batch, args.rounds)
         finally:
             for worker in workers.values():
                 worker.close()
 
     rate = {key: len(sources) / statistics.median(t) for key, t in times.items()}
     bleu = {name: score(outputs[(name, "file")], references)["bleu"] for name in workers}
-    same = sum(a == b for a, b in zip(outputs[("ct2", "file")], outputs[("savedmodel", "file")]))
-    result = {
-        "savedmodel_sent_per_s": round(rate[("savedmodel", "file")], 2),
-        "ct2_sent_per_s": round(rate[("ct2", "file")], 2),
-        "ct2_int8_sent_per_s": round(rate[("ct2_int8", "file")], 2),
-        "savedmodel_over_ct2": round(rate[("savedmodel", "file")] / rate[("ct2", "file")], 3),
-        "bleu_savedmodel": bleu["savedmodel"], "bleu_ct2": bleu["ct2"],
-        "bleu_ct2_int8": bleu["ct2_int8"],
-        "savedmodel_sorted_sent_per_s": round(rate[("savedmodel", "sorted")], 2),
-        "ct2_sorted_sent_per_s": round(rate[("ct2", "sorted")], 2),
-        "ct2_int8_sorted_sent_per_s": round(rate[("ct2_int8", "sorted")], 2),
-        "savedmodel_over_ct2_sorted": round(rate[("savedmodel", "sorted")]
-                                            / rate[("ct2", "sorted")], 3),
-        "ct2_same_output_as_savedmodel": round(same / len(sources), 3),
-        "weights": label, "quick_model": label.startswith("QUICK"),
-        "sentences": len(sources), "batch": args.batch, "rounds": args.rounds,
-        "threads": THREADS, "beam_size": options.beam_size,
-        "length_penalty": options.length_penalty, "max_extra_length": options.max_extra_length,
-        "cpu_count": os.cpu_count(), "ctranslate2_version": ct2.import_ctranslate2().__version__,
-        "ct2_use_mkl": os.environ.get("CT2_USE_MKL", ""),  # "": CTranslate2's own choice
-    }
-    print()
-    print(f"{label}")
-    print(f"{len(sources)} sentences, beam {options.beam_size}, batches of {args.batch}, "
-          f"{THREADS} threads per engine, tokenisation included; median of {args.rounds} "
-          f"interleaved rounds; {os.cpu_count()} CPU cores")
-    print(f"{'engine':<22}{'file order':>12}{'sorted':>10}{'BLEU':>8}")
-    print("-" * 52)
-    for name, title in (("savedmodel", "SavedModel (TF only)"), ("ct2", "CTranslate2 float32"),
-                        ("ct2_int8", "CTranslate2 int8")):
-        print(f"{title:<22}{rate[(name, 'file')]:>12.1f}{rate[(name, 'sorted')]:>10.1f}"
-              f"{bleu[name]:>8.2f}")
-    print(f"{'SavedModel / CT2 f32':<22}{result['savedmodel_over_ct2']:>12.3f}"
-          f"{result['savedmodel_over_ct2_sorted']:>10.3f}")
-    print("(sentences/s; CTranslate2's length penalty is logprob / len ** alpha, the "
-          "SavedModel's GNMT's; README, CTranslate2)")
+    result = _result(rate, bleu, outputs, args, options, label, len(sources))
+    _print_table(result, rate, bleu)
     print(json.dumps(result))
     return 0
 

@@ -340,9 +340,13 @@ def _model(cfg):
     from aiayn.pipeline.training.artifacts import RunFiles, build_model
 
     tokenizer, vocab_note = _tokenizer(cfg)
+    synthetic = "synthetic" in vocab_note
+    if synthetic:  # nor the output vocabulary `aiayn vocab` writes: the decoder produces all
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data,
+                                                                output_vocabulary="joint"))
     model = build_model(cfg, tokenizer)
     weights = RunFiles.of(cfg).final
-    if weights.exists() and "synthetic" not in vocab_note:
+    if weights.exists() and not synthetic:
         model.load_weights(str(weights))
         return model, tokenizer, f"trained weights {weights}", vocab_note
     return model, tokenizer, "RANDOM weights (no trained small run found)", vocab_note
