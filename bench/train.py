@@ -16,7 +16,11 @@ same model size and the same machine, in one run:
 Corpus: ``<data_dir>/train.tsv`` with ``<data_dir>/spm.model`` when ``make data vocab`` has run;
 otherwise a synthetic corpus (said so in the output) with a SentencePiece model trained on it.
 
-    python bench/train.py [--preset small] [--seconds 60] [--warmup-steps 5]
+The two are interleaved: ``--rounds`` rounds (3) of ``--seconds / --rounds`` timed seconds
+each, after ``--warmup-steps`` untimed steps, the order reversed every other round; the rates
+are over all timed seconds.
+
+    python bench/train.py [--preset small] [--seconds 60] [--rounds 3] [--warmup-steps 5]
 
 Prints a table; the LAST line is one JSON object with ``speedup``, ``steps_per_min_defaults``
 (optimizer steps per minute of the project's defaults for the preset: what a time budget turns
@@ -254,6 +258,26 @@ def _fit(model, dataset, warmup_steps, seconds):
     return meter.result()
 
 
+def interleaved(candidates: dict, rounds: int, warmup_steps: int, seconds: float) -> dict:
+    """Each candidate `(model, dataset)` trained for `seconds / rounds` (after `warmup_steps`
+    untimed steps) once per round, the order reversed every other round, so that a host that
+    slows down or speeds up during the run weighs on every candidate alike. Returns, per
+    candidate, the rates over all its timed seconds."""
+    totals = {name: {"tokens": 0.0, "steps": 0, "seconds": 0.0} for name in candidates}
+    names = list(candidates)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            model, dataset = candidates[name]
+            one = _fit(model, dataset, warmup_steps, seconds / rounds)
+            totals[name]["tokens"] += one["tokens_per_s"] * one["seconds"]
+            totals[name]["steps"] += one["steps"]
+            totals[name]["seconds"] += one["seconds"]
+        print(f"# round {r + 1}/{rounds} done", flush=True)
+    return {name: {"tokens_per_s": t["tokens"] / t["seconds"], "steps": t["steps"],
+                   "steps_per_s": t["steps"] / t["seconds"], "seconds": t["seconds"]}
+            for name, t in totals.items()}
+
+
 def prepared_or_synthetic_corpus(cfg, work: Path):
     """(cfg pointing at the data, description); synthetic when no prepared corpus exists."""
     data_dir = Path(cfg.data.data_dir)
@@ -275,55 +299,67 @@ def prepared_or_synthetic_corpus(cfg, work: Path):
     return cfg, "SYNTHETIC (no prepared corpus: run `make data vocab` for the real one)"
 
 
+def _project(cfg, tokenizer, train_path: Path):
+    """The project's model and tf.data pipeline with the defaults for this hardware:
+    (model, dataset, dtype policy, jit_compile)."""
+    from aiayn.pipeline.data.dataset import make_train_dataset
+    from aiayn.pipeline.training.artifacts import build_model
+    from aiayn.pipeline.training.recipe import compile_model
+
+    policy = distribute.resolve_mixed_precision(cfg.train.mixed_precision)
+    jit = distribute.resolve_jit_compile(cfg.train.jit_compile)
+    keras.mixed_precision.set_global_policy(policy)
+    model = build_model(cfg, tokenizer)
+    compile_model(model, cfg, tokenizer.pad_id, jit, policy)
+    keras.mixed_precision.set_global_policy("float32")
+    return model, make_train_dataset(train_path, tokenizer, cfg.data, cfg.data.seed), policy, jit
+
+
+def _tutorial(cfg, tokenizer, train_path: Path):
+    """The tutorial's model and pipeline at the preset's size: float32, no XLA, batches of 64
+    sentences padded per batch: (model, dataset)."""
+    from aiayn.pipeline.data.corpus import read_tsv_pairs
+
+    m = cfg.model
+    model = TutorialTransformer(num_layers=m.num_layers, d_model=m.hidden_dim,
+                                num_heads=m.num_heads, dff=m.intermediate_dim,
+                                vocab_size=tokenizer.vocabulary_size, dropout_rate=m.dropout)
+    model.compile(optimizer=keras.optimizers.Adam(1e-4, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
+                  loss=masked_loss, metrics=[cb.TargetTokens(pad_id=0)], jit_compile=False)
+    return model, tutorial_dataset(read_tsv_pairs(train_path), tokenizer, cfg.data.max_length)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--seconds", type=float, default=60.0,
-                        help="measured seconds per configuration (after warm-up)")
-    parser.add_argument("--warmup-steps", type=int, default=5)
+                        help="measured seconds per configuration (after warm-up), all rounds")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds the measured seconds are split into")
+    parser.add_argument("--warmup-steps", type=int, default=5,
+                        help="untimed steps at the start of each round")
     args = parser.parse_args(argv)
 
     from aiayn.models.tokenizer import SubwordTokenizer
-    from aiayn.pipeline.data.corpus import read_tsv_pairs as read_pairs
-    from aiayn.pipeline.data.dataset import make_train_dataset
-    from aiayn.pipeline.training.artifacts import build_model
-    from aiayn.pipeline.training.recipe import compile_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_train_"))
     cfg, corpus = prepared_or_synthetic_corpus(load_config([args.preset]), work)
     keras.utils.set_random_seed(0)  # before the tokenizer: seeding destroys its TF resource
     tokenizer = SubwordTokenizer.from_file(Path(cfg.data.data_dir) / "spm.model")
     train_path = Path(cfg.data.data_dir) / "train.tsv"
-    m = cfg.model
-
-    # Project defaults.
-    policy = distribute.resolve_mixed_precision(cfg.train.mixed_precision)
-    jit = distribute.resolve_jit_compile(cfg.train.jit_compile)
-    keras.mixed_precision.set_global_policy(policy)
-    model = build_model(cfg, tokenizer)
-    compile_model(model, cfg, tokenizer.pad_id, jit, policy)
-    project = _fit(model, make_train_dataset(train_path, tokenizer, cfg.data, cfg.data.seed),
-                   args.warmup_steps, args.seconds)
-    del model
-
-    # Tutorial baseline: float32, no XLA, batches of 64 sentences padded per batch.
-    keras.mixed_precision.set_global_policy("float32")
-    baseline_model = TutorialTransformer(num_layers=m.num_layers, d_model=m.hidden_dim,
-                                         num_heads=m.num_heads, dff=m.intermediate_dim,
-                                         vocab_size=tokenizer.vocabulary_size,
-                                         dropout_rate=m.dropout)
-    baseline_model.compile(
-        optimizer=keras.optimizers.Adam(1e-4, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
-        loss=masked_loss, metrics=[cb.TargetTokens(pad_id=0)], jit_compile=False)
-    pairs = read_pairs(train_path)
-    baseline = _fit(baseline_model, tutorial_dataset(pairs, tokenizer, cfg.data.max_length),
-                    args.warmup_steps, args.seconds)
+    model, dataset, policy, jit = _project(cfg, tokenizer, train_path)
+    rates = interleaved({"project": (model, dataset),
+                         "baseline": _tutorial(cfg, tokenizer, train_path)},
+                        args.rounds, args.warmup_steps, args.seconds)
+    project, baseline = rates["project"], rates["baseline"]
 
     speedup = project["tokens_per_s"] / baseline["tokens_per_s"]
+    m = cfg.model
     print(f"corpus: {corpus}")
     print(f"model: {m.num_layers} layers, d_model {m.hidden_dim}, d_ff {m.intermediate_dim}, "
           f"{m.num_heads} heads, vocabulary {tokenizer.vocabulary_size}; {os.cpu_count()} CPUs "
-          f"{cpu_description()}; oneDNN {onednn_setting()} (both configurations)")
+          f"{cpu_description()}; oneDNN {onednn_setting()} (both configurations); "
+          f"{args.rounds} interleaved rounds")
     print(f"{'configuration':<58} {'target tok/s':>12} {'steps/s':>8} {'steps':>6}")
     rows = [(f"project ({policy}, jit_compile={jit}, token budget {cfg.data.token_budget}, "
              "2-D buckets)", project),
@@ -342,7 +378,7 @@ def main(argv=None) -> int:
                       "project_policy": policy, "project_jit_compile": jit,
                       "onednn": onednn_setting(),
                       "synthetic_corpus": corpus.startswith("SYNTHETIC"),
-                      "preset": args.preset, "seconds": args.seconds,
+                      "preset": args.preset, "seconds": args.seconds, "rounds": args.rounds,
                       "cpu": cpu_description()}))
     return 0
 
