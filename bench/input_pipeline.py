@@ -113,6 +113,39 @@ def time_training(cfg, tokenizer, batches, steps: int, warmup: int) -> tuple[flo
     return tokens / seconds, f"batch (B, S)={common[0]}, T={common[1][1]}"
 
 
+def _corpus_and_tokenizer(cfg, train_file: str | None, synthetic_pairs: int):
+    """The training file and its SentencePiece model: (path, tokenizer, notes); a synthetic
+    stand-in and a model trained on it where they do not exist yet (the notes say so)."""
+    notes = []
+    train_file = Path(train_file or Path(cfg.data.data_dir) / "train.tsv")
+    synthetic = not train_file.exists()
+    if synthetic:
+        notes.append(f"{train_file} does not exist yet (`aiayn data --preset small` creates it): "
+                     f"using a SYNTHETIC stand-in of {synthetic_pairs} pairs with "
+                     "verse-like lengths.")
+        train_file = Path(tempfile.mkdtemp(prefix="aiayn-bench-")) / "train.tsv"
+        synthetic_corpus(train_file, synthetic_pairs, cfg.data.seed)
+    model_file = vocab_path(cfg)
+    if synthetic or not model_file.exists():
+        notes.append(f"SentencePiece model trained for this run on {train_file.name} "
+                     f"({cfg.data.vocab_model_type}, vocab_size {cfg.data.vocab_size}).")
+        tmp_cfg = cfg.replace(data=dataclasses.replace(cfg.data, data_dir=str(train_file.parent)))
+        model_file = train_vocab(tmp_cfg)
+    return train_file, SubwordTokenizer.from_file(model_file), notes
+
+
+def _print_report(row: dict, notes: list[str]) -> None:
+    for note in notes:
+        print("note:", note)
+    print(f"note: {os.cpu_count()} CPU cores visible; both stages timed alone.")
+    print()
+    print(f"{'metric':<28}{'value':>20}")
+    print("-" * 48)
+    for key, value in row.items():
+        text = f"{value:,.3f}" if isinstance(value, float) else str(value)
+        print(f"{key:<28}{text:>20}")
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", action="append", default=None)
@@ -127,23 +160,9 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     cfg = config_lib.load_config(args.preset or ["small"], args.overrides)
-    notes = []
-    tmp = Path(tempfile.mkdtemp(prefix="aiayn-bench-"))
-    train_file = Path(args.train_file or Path(cfg.data.data_dir) / "train.tsv")
-    synthetic = not train_file.exists()
-    if synthetic:
-        notes.append(f"{train_file} does not exist yet (`aiayn data --preset small` creates it): "
-                     f"using a SYNTHETIC stand-in of {args.synthetic_pairs} pairs with "
-                     "verse-like lengths.")
-        train_file = tmp / "train.tsv"
-        synthetic_corpus(train_file, args.synthetic_pairs, cfg.data.seed)
-    model_file = vocab_path(cfg)
-    if synthetic or not model_file.exists():
-        notes.append(f"SentencePiece model trained for this run on {train_file.name} "
-                     f"({cfg.data.vocab_model_type}, vocab_size {cfg.data.vocab_size}).")
-        tmp_cfg = cfg.replace(data=dataclasses.replace(cfg.data, data_dir=str(train_file.parent)))
-        model_file = train_vocab(tmp_cfg)
-    tokenizer = SubwordTokenizer.from_file(model_file)
+    train_file, tokenizer, notes = _corpus_and_tokenizer(cfg, args.train_file,
+                                                         args.synthetic_pairs)
+    synthetic = bool(notes) and "SYNTHETIC" in notes[0]
 
     dataset = make_train_dataset(train_file, tokenizer, cfg.data, seed=cfg.data.seed)
     batches, seconds = time_pipeline(dataset, args.warmup, args.batches)
@@ -168,16 +187,7 @@ def main(argv=None) -> dict:
         "training_tokens_per_s": training_tps,
         "pipeline_over_training": pipeline_tps / training_tps,
     }
-    for note in notes:
-        print("note:", note)
-    print(f"note: training consumption {how}.")
-    print(f"note: {os.cpu_count()} CPU cores visible; both stages timed alone.")
-    print()
-    print(f"{'metric':<28}{'value':>20}")
-    print("-" * 48)
-    for key, value in row.items():
-        text = f"{value:,.3f}" if isinstance(value, float) else str(value)
-        print(f"{key:<28}{text:>20}")
+    _print_report(row, notes + [f"training consumption {how}."])
     summary = {"padding_efficiency": round(row["padding_efficiency"], 4),
                "pipeline_tokens_per_s": round(pipeline_tps, 1),
                "pipeline_over_training": round(row["pipeline_over_training"], 2),
