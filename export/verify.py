@@ -274,13 +274,39 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
     if not (export_dir / "saved_model.pb").exists():
         raise FileNotFoundError(f"{export_dir} has no saved_model.pb; pass a version "
                                 "directory such as exports/translate/1.")
+    texts, expected = _stored_samples(export_dir, expected, texts)
+    child, warmup_problems = _run_child(export_dir, texts, timeout, replay_warmup)
+    sigs = child["signatures"]
+    problems = _op_problems(child) + _signature_problems(sigs)
+    if expected and child["outputs"]:
+        problems += compare_outputs(expected, child["outputs"])
+    problems += warmup_problems + child["warmup"]["failures"]
+    return VerifyReport(export_dir=str(export_dir), problems=problems, ops=child["ops"],
+                        signatures=sigs, signature_text=child["signature_text"],
+                        outputs=child["outputs"], texts=texts,
+                        warmup_requests=child["warmup"]["replayed"])
+
+
+def _stored_samples(export_dir: Path, expected: Mapping[str, Any] | None,
+                    texts: Sequence[str] | None
+                    ) -> tuple[list[str], Mapping[str, Any] | None]:
+    """``texts`` and ``expected``, defaulting to the samples stored at export time."""
     samples_path = export_dir / "assets.extra" / SAMPLES_FILE
     stored = json.loads(samples_path.read_text(encoding="utf-8")) if samples_path.exists() else {}
     if texts is None:
         texts = stored.get("texts") or ["Hello world.", ""]
         if expected is None and stored:
             expected = {k: stored[k] for k in (SERVING_SIGNATURE, NBEST_SIGNATURE) if k in stored}
-    texts = list(texts)
+    return list(texts), expected
+
+
+def _run_child(export_dir: Path, texts: list[str], timeout: float,
+               replay_warmup: bool) -> tuple[dict[str, Any], list[str]]:
+    """Runs :data:`_CHILD` on the export; its JSON report, and problems reading the warmup file.
+
+    Raises:
+      VerificationError: the child exited non-zero or printed no report.
+    """
     with tempfile.TemporaryDirectory(prefix="aiayn-verify-") as tmp:
         texts_path = Path(tmp) / "texts.json"
         texts_path.write_text(json.dumps(texts), encoding="utf-8")
@@ -301,7 +327,11 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
     if proc.returncode != 0 or not lines:
         raise VerificationError(f"The fresh process could not load/run {export_dir} "
                                 f"(exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    child = json.loads(lines[-1])
+    return json.loads(lines[-1]), warmup_problems
+
+
+def _op_problems(child: Mapping[str, Any]) -> list[str]:
+    """Ops the stock server cannot run, and project modules the fresh process imported."""
     problems = []
     for op, origin in child["ops"].items():
         if op in FORBIDDEN_OPS:
@@ -312,7 +342,12 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
     if child["imported_project_modules"]:
         problems.append(f"the fresh process imported project code: "
                         f"{child['imported_project_modules']}")
-    sigs = child["signatures"]
+    return problems
+
+
+def _signature_problems(sigs: Mapping[str, Any]) -> list[str]:
+    """Missing signatures, and inputs/outputs that differ from what clients send and read."""
+    problems = []
     for key, outputs in ((SERVING_SIGNATURE, {"translation": "DT_STRING", "score": "DT_FLOAT"}),
                          (NBEST_SIGNATURE, {"translations": "DT_STRING", "scores": "DT_FLOAT",
                                             "truncated": "DT_BOOL",
@@ -327,13 +362,7 @@ def verify_export(export_dir: str | os.PathLike, expected: Mapping[str, Any] | N
             spec = sigs[key]["outputs"].get(name)
             if spec is None or spec["dtype"] != dtype:
                 problems.append(f"{key}: output {name!r} must be {dtype}; got {spec}")
-    if expected and child["outputs"]:
-        problems += compare_outputs(expected, child["outputs"])
-    problems += warmup_problems + child["warmup"]["failures"]
-    return VerifyReport(export_dir=str(export_dir), problems=problems, ops=child["ops"],
-                        signatures=sigs, signature_text=child["signature_text"],
-                        outputs=child["outputs"], texts=texts,
-                        warmup_requests=child["warmup"]["replayed"])
+    return problems
 
 
 def _warmup_requests(export_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:

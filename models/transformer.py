@@ -329,15 +329,7 @@ class Transformer(keras.Model):
           ValueError: ``beam_size < 1``, ``n_best`` not in ``[1, beam_size]``, an unknown
             ``stop_rule``, or BOS, EOS or PAD outside ``output_ids``.
         """
-        if beam_size < 1:
-            raise ValueError(f"`beam_size` must be at least 1. Received: {beam_size}.")
-        if not 1 <= n_best <= beam_size:
-            raise ValueError(
-                f"`n_best` must be in [1, beam_size]. Received: n_best={n_best}, "
-                f"beam_size={beam_size}. Fix: raise beam_size or lower n_best.")
-        if stop_rule not in decoding.STOP_RULES:  # checked for greedy search too (a typo errs)
-            raise ValueError(f"`stop_rule` must be one of {', '.join(decoding.STOP_RULES)}. "
-                             f"Received: {stop_rule!r}.")
+        self._check_search_args(beam_size, n_best, stop_rule)
         # The search runs over the output columns: with output_ids, column j is token
         # output_ids[j] (the projection and its softmax cover those only), mapped back at the end.
         bos, eos, pad = self._special_columns(bos_id, eos_id)
@@ -350,37 +342,24 @@ class Transformer(keras.Model):
         # One row per sentence: the K beams of a sentence are K queries against it.
         memory = self.encoder_memory(self.encode(token_ids, padding_mask), padding_mask)
         kernel = self.output_kernel()  # once, outside the loop: every step reads it
-        columns = ops.arange(len(self.output_ids or ()) or self.vocabulary_size, dtype="int32")
-        banned = ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
-            ops.equal(columns, bos),
-            ops.logical_and(ops.equal(columns, pad), ops.not_equal(pad, eos)))
+        banned = self._banned_columns(bos, eos, pad)
         output_ids = None if self.output_ids is None else self._output_columns()
-
-        def token_at(ids, index):  # the token id at `index` of each row's columns
-            token = ops.take(ids, index, axis=1)
-            return token if output_ids is None else ops.take(output_ids, token)
 
         if beam_size > 1 and dynamic_shapes:
             cache = self.growing_cache(memory, beam_size, length=max_length * 0)
-
-            def growing_step_fn(ids, cache, index):
-                logits, cache = self.decode_step_growing(token_at(ids, index), cache, index,
-                                                         beam_size, kernel)
-                return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
-
+            step_fn = self._masked_step_fn(
+                functools.partial(self.decode_step_growing, beam_size=beam_size,
+                                  output_kernel=kernel), banned, output_ids)
             out = decoding.shrinking_beam_search(
-                growing_step_fn, cache, batch_size, bos, eos, pad, beam_size,
+                step_fn, cache, batch_size, bos, eos, pad, beam_size,
                 max_length, length_penalty, n_best,
                 reorder_fn=functools.partial(self.reorder_growing_cache, beam_size=beam_size),
                 stop_rule=stop_rule)
             return self._as_token_ids(out)
         cache = self.init_cache(batch_size, max_length, beam_size)
-
-        def step_fn(ids, cache, index):
-            logits, cache = self.decode_step(token_at(ids, index), cache, index, memory,
-                                             beam_size, kernel)
-            return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
-
+        step_fn = self._masked_step_fn(
+            functools.partial(self.decode_step, memory=memory, beam_size=beam_size,
+                              output_kernel=kernel), banned, output_ids)
         if beam_size == 1:
             out = decoding.greedy_search(step_fn, cache, batch_size, bos, eos, pad, max_length,
                                          length_penalty)
@@ -389,6 +368,42 @@ class Transformer(keras.Model):
         return self._as_token_ids(decoding.beam_search(
             step_fn, cache, batch_size, bos, eos, pad, beam_size, max_length, length_penalty,
             n_best, reorder_fn=self.reorder_cache, stop_rule=stop_rule))
+
+    @staticmethod
+    def _check_search_args(beam_size, n_best, stop_rule):
+        """Raises the ValueError of :meth:`generate` for a bad ``beam_size``, ``n_best`` or
+        ``stop_rule``."""
+        if beam_size < 1:
+            raise ValueError(f"`beam_size` must be at least 1. Received: {beam_size}.")
+        if not 1 <= n_best <= beam_size:
+            raise ValueError(
+                f"`n_best` must be in [1, beam_size]. Received: n_best={n_best}, "
+                f"beam_size={beam_size}. Fix: raise beam_size or lower n_best.")
+        if stop_rule not in decoding.STOP_RULES:  # checked for greedy search too (a typo errs)
+            raise ValueError(f"`stop_rule` must be one of {', '.join(decoding.STOP_RULES)}. "
+                             f"Received: {stop_rule!r}.")
+
+    def _banned_columns(self, bos, eos, pad):
+        """Bool ``(V,)``: the output columns a search never generates."""
+        columns = ops.arange(len(self.output_ids or ()) or self.vocabulary_size, dtype="int32")
+        return ops.logical_or(  # (V,) PAD (unless it doubles as EOS) and BOS
+            ops.equal(columns, bos),
+            ops.logical_and(ops.equal(columns, pad), ops.not_equal(pad, eos)))
+
+    @staticmethod
+    def _masked_step_fn(decode, banned, output_ids):
+        """A search's ``step_fn(ids, cache, index)``: ``decode(token_ids, cache, index)`` on the
+        token at ``index`` of each row (``ids`` holds columns; ``output_ids`` maps them to
+        token ids, None: they are token ids), its ``banned`` columns' logits set to -inf."""
+
+        def step_fn(ids, cache, index):
+            token = ops.take(ids, index, axis=1)
+            if output_ids is not None:
+                token = ops.take(output_ids, token)
+            logits, cache = decode(token, cache, index)
+            return ops.where(banned[None, :], decoding.NEG_INF, logits), cache
+
+        return step_fn
 
     def _special_columns(self, bos_id, eos_id):
         """The output columns of BOS, EOS and PAD (their ids, without ``output_ids``)."""

@@ -207,6 +207,59 @@ def filter_by_length(max_length: int) -> Transformation:
     return lambda dataset: dataset.filter(keep)
 
 
+def _appended_rows(src_lengths: tf.Tensor, tgt_lengths: tf.Tensor, n: tf.Tensor,
+                   draws: tf.Tensor, threshold: tf.Tensor, max_length: int) -> tf.Tensor:
+    """int64 ``(n,)``: 1 where row r is the second of a joined pair, appended to row r - 1 (its
+    pair's draw is below `threshold` and the joined pair fits `max_length`), else 0."""
+    firsts = tf.range(n // 2, dtype=tf.int64) * 2  # an odd last row has no pair
+    seconds = firsts + 1
+
+    def pair_total(lengths):
+        return tf.gather(lengths, firsts) + tf.gather(lengths, seconds)
+
+    join = (draws[:n // 2] % JOIN_DRAW_LEVELS < threshold) & (
+        pair_total(src_lengths) <= max_length) & (pair_total(tgt_lengths) - 1 <= max_length)
+    return tf.scatter_nd(seconds[:, None], tf.cast(join, tf.int64), [n])
+
+
+def _without(values: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
+    """`values` (1-D) less those at `positions` (int64)."""
+    dropped = tf.scatter_nd(positions[:, None], tf.ones_like(positions), tf.shape(
+        values, out_type=tf.int64))
+    return tf.boolean_mask(values, tf.equal(dropped, 0))
+
+
+def _join_rows(rows, draws: tf.Tensor, threshold: tf.Tensor, max_length: int):
+    """One group of :func:`concatenate_pairs`: ragged ``(features, labels)`` rows and one draw
+    a pair -> the rows with the pairs drawn (and fitting) joined, ragged."""
+    features, labels = rows  # ragged (n, (len)) each; rows 2i and 2i + 1 are pair i
+    source, decoder = features["encoder_token_ids"], features["decoder_token_ids"]
+    src_lengths, tgt_lengths = source.row_lengths(), decoder.row_lengths()
+    n = tf.size(src_lengths, out_type=tf.int64)
+    appended = _appended_rows(src_lengths, tgt_lengths, n, draws, threshold, max_length)
+    out_row = tf.cumsum(1 - appended) - 1
+    out_rows = n - tf.reduce_sum(appended)
+
+    def lengths(row_lengths):
+        return tf.math.unsorted_segment_sum(row_lengths, out_row, out_rows)
+
+    # Joined, the second decoder row loses its BOS (its first value) and the first label
+    # row its EOS (the value before the second row's start): one value less a joined pair.
+    starts = tf.gather(decoder.row_starts(), tf.where(appended > 0)[:, 0])
+    tgt_rows = lengths(tgt_lengths - appended)
+    joined_source = tf.RaggedTensor.from_row_lengths(source.values, lengths(src_lengths))
+    joined_decoder = tf.RaggedTensor.from_row_lengths(_without(decoder.values, starts),
+                                                      tgt_rows)
+    joined = {
+        "encoder_token_ids": joined_source,
+        "encoder_padding_mask": tf.ones_like(joined_source, dtype=tf.bool),
+        "decoder_token_ids": joined_decoder,
+        "decoder_padding_mask": tf.ones_like(joined_decoder, dtype=tf.bool),
+    }
+    return joined, tf.RaggedTensor.from_row_lengths(_without(labels.values, starts - 1),
+                                                    tgt_rows)
+
+
 def concatenate_pairs(fraction: float, max_length: int, seed: int) -> Transformation:
     """Joins a share of the training examples two by two into longer pairs (data
     augmentation by concatenation: Nguyen et al., 2021; Kondo et al., 2021).
@@ -229,47 +282,7 @@ def concatenate_pairs(fraction: float, max_length: int, seed: int) -> Transforma
     threshold = tf.constant(round(float(fraction) * JOIN_DRAW_LEVELS), tf.int64)
 
     def join_rows(rows, draws):
-        features, labels = rows  # ragged (n, (len)) each; rows 2i and 2i + 1 are pair i
-        source, decoder = features["encoder_token_ids"], features["decoder_token_ids"]
-        src_lengths, tgt_lengths = source.row_lengths(), decoder.row_lengths()
-        n = tf.size(src_lengths, out_type=tf.int64)
-        firsts = tf.range(n // 2, dtype=tf.int64) * 2  # an odd last row has no pair
-        seconds = firsts + 1
-
-        def pair_total(lengths):
-            return tf.gather(lengths, firsts) + tf.gather(lengths, seconds)
-
-        join = (draws[:n // 2] % JOIN_DRAW_LEVELS < threshold) & (
-            pair_total(src_lengths) <= max_length) & (pair_total(tgt_lengths) - 1 <= max_length)
-        # appended[r] = 1: row r is the second of a joined pair, appended to row r - 1.
-        appended = tf.scatter_nd(seconds[:, None], tf.cast(join, tf.int64), [n])
-        out_row = tf.cumsum(1 - appended) - 1
-        out_rows = n - tf.reduce_sum(appended)
-
-        def lengths(row_lengths):
-            return tf.math.unsorted_segment_sum(row_lengths, out_row, out_rows)
-
-        # Joined, the second decoder row loses its BOS (its first value) and the first label
-        # row its EOS (the value before the second row's start): one value less a joined pair.
-        starts = tf.gather(decoder.row_starts(), tf.where(appended > 0)[:, 0])
-
-        def without(values, positions):
-            dropped = tf.scatter_nd(positions[:, None], tf.ones_like(positions), tf.shape(
-                values, out_type=tf.int64))
-            return tf.boolean_mask(values, tf.equal(dropped, 0))
-
-        tgt_rows = lengths(tgt_lengths - appended)
-        joined_source = tf.RaggedTensor.from_row_lengths(source.values, lengths(src_lengths))
-        joined_decoder = tf.RaggedTensor.from_row_lengths(without(decoder.values, starts),
-                                                          tgt_rows)
-        joined = {
-            "encoder_token_ids": joined_source,
-            "encoder_padding_mask": tf.ones_like(joined_source, dtype=tf.bool),
-            "decoder_token_ids": joined_decoder,
-            "decoder_padding_mask": tf.ones_like(joined_decoder, dtype=tf.bool),
-        }
-        return joined, tf.RaggedTensor.from_row_lengths(without(labels.values, starts - 1),
-                                                        tgt_rows)
+        return _join_rows(rows, draws, threshold, max_length)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
         # JOIN_GROUP_PAIRS pairs a call: one op graph over many pairs costs the pipeline's

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 import numpy as np
@@ -511,9 +511,24 @@ def _sigterm_stops(stopper: cb.SignalStop):
 def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callback],
                   stream, started_at: float) -> dict[str, Any]:
     s = _Session(cfg, stream, started_at)
-    t = cfg.train
     callbacks = s.callbacks(extra_callbacks)
     n_params = s.announce()
+    session_seconds = _fit(s, callbacks)
+    step = cb.current_step(s.model)
+    end_state, stop_reason = s.end_state()
+    stream.write(f"training stopped at step {step} ({stop_reason}; {end_state}) after "
+                 f"{s.clock.elapsed() / 60:.1f} min of training.\n")
+    summary = _summary(s, step, end_state, stop_reason, session_seconds, n_params)
+    if end_state in FINISHED:
+        if s.chief:
+            _finish(s, summary)
+        return summary
+    _stop_unfinished(s, summary)
+
+
+def _fit(s: _Session, callbacks: list[keras.callbacks.Callback]) -> float:
+    """Runs ``model.fit`` until done or stopped (SIGTERM, Ctrl-C); its wall-clock seconds."""
+    t = s.cfg.train
     s.clock.start()
     session_start = time.monotonic()
     try:
@@ -523,11 +538,12 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
                         callbacks=callbacks, verbose=0)
     except KeyboardInterrupt:
         s.stopper.received = "SIGINT"
-    session_seconds = time.monotonic() - session_start
-    step = cb.current_step(s.model)
-    end_state, stop_reason = s.end_state()
-    stream.write(f"training stopped at step {step} ({stop_reason}; {end_state}) after "
-                 f"{s.clock.elapsed() / 60:.1f} min of training.\n")
+    return time.monotonic() - session_start
+
+
+def _summary(s: _Session, step: int, end_state: str, stop_reason: str, session_seconds: float,
+             n_params: int) -> dict[str, Any]:
+    """The summary :func:`train` returns, before the final weights are chosen."""
     summary: dict[str, Any] = {
         "steps": step, "end_state": end_state, "stop_reason": stop_reason,
         "train_seconds": round(s.clock.elapsed(), 1),
@@ -543,12 +559,19 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
         summary["dropout_from_step"] = s.late_dropout.enabled_at
     if s.evaluator is not None:
         summary["dev_history"] = s.evaluator.results
-    if end_state in FINISHED:
-        if s.chief:
-            _finish(s, summary)
-        return summary
+    return summary
+
+
+def _stop_unfinished(s: _Session, summary: dict[str, Any]) -> NoReturn:
+    """A diverged or interrupted run: records it (chief) and raises.
+
+    Raises:
+      UserInputError: the run diverged.
+      TrainingInterrupted: SIGTERM or Ctrl-C.
+    """
+    t = s.cfg.train
     summary["resume_from_step"] = checkpoints.restored_epoch(s.backup_dir) * t.steps_per_epoch
-    if end_state == "diverged":
+    if summary["end_state"] == "diverged":
         good = _last_good_checkpoint(s.files)
         summary.update({"diverged_at_step": s.guard.step, "non_finite_loss": str(s.guard.loss),
                         "last_good_checkpoint": str(good[1]) if good else None,
@@ -561,10 +584,11 @@ def _train_locked(cfg: Config, extra_callbacks: Sequence[keras.callbacks.Callbac
             f"{_diverged_advice(s.files, summary)}")
     if s.chief:
         _record(s.files, summary)
-    message = (f"training interrupted ({s.stopper.received}) at step {step}; the backup "
-               f"(step {summary['resume_from_step']}) is kept: run the same command to resume.")
-    stream.write(message + "\n")
-    stream.flush()
+    message = (f"training interrupted ({s.stopper.received}) at step {summary['steps']}; the "
+               f"backup (step {summary['resume_from_step']}) is kept: run the same command to "
+               "resume.")
+    s.stream.write(message + "\n")
+    s.stream.flush()
     raise TrainingInterrupted(message)
 
 
