@@ -99,7 +99,7 @@ class Setting:
         return (time.process_time() - start) / batches * 1000
 
 
-def main(argv=None) -> int:
+def _parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--set", dest="common", action="append", default=[], metavar="KEY=VALUE",
@@ -119,24 +119,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.a and not args.b:
         args.a = ["data.concat_fraction=0"]
-    cfg, corpus = prepared_or_synthetic_corpus(load_config([args.preset], args.common),
-                                               Path(tempfile.mkdtemp(prefix="bench_ab_")))
-    data_dir = [f"data.data_dir={cfg.data.data_dir}"]
-    # Seeded once, before the one tokenizer both settings share: seeding destroys the
-    # tokenizer's TF resource, which a pipeline needs again for each new epoch.
-    keras.utils.set_random_seed(0)
-    tokenizer = SubwordTokenizer.from_file(Path(cfg.data.data_dir) / "spm.model")
-    sides = [Setting(name, own, load_config([args.preset], args.common + data_dir + own),
-                     tokenizer, args.batches) for name, own in (("a", args.a), ("b", args.b))]
-    a, b = sides
-    for side in sides:  # untimed: each bucket shape traced before timing
-        side.run(len(side.batches))
-    for round_ in range(args.rounds):
-        for side in (sides if round_ % 2 == 0 else sides[::-1]):
-            side.blocks.append(side.run(args.steps))
-    pipeline_ms = [side.pipeline_cpu_ms(args.pipeline_skip, args.pipeline_batches)
-                   for side in sides]
+    return args
 
+
+def _time_interleaved(sides: list[Setting], rounds: int, steps: int) -> None:
+    """Every batch once untimed (each bucket shape traced), then `rounds` blocks of `steps`
+    steps per setting, the one that goes first alternating."""
+    for side in sides:
+        side.run(len(side.batches))
+    for round_ in range(rounds):
+        for side in (sides if round_ % 2 == 0 else sides[::-1]):
+            side.blocks.append(side.run(steps))
+
+
+def _report(sides: list[Setting], pipeline_ms: list[float], args, corpus: str) -> dict:
+    """Prints the table; the JSON object's figures."""
     print(f"{' '.join([args.preset, *args.common])}: {os.cpu_count()} CPUs {cpu_description()}; "
           f"oneDNN {onednn_setting()}; corpus: {corpus}")
     print(f"{args.rounds} interleaved blocks of {args.steps} steps per setting, over "
@@ -163,7 +160,24 @@ def main(argv=None) -> int:
                    "tokens_per_s_ratio": round(tokens_ratio, 3),
                    "a": " ".join(args.a), "b": " ".join(args.b),
                    "synthetic_corpus": corpus.startswith("SYNTHETIC")})
-    print(json.dumps(result))
+    return result
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    cfg, corpus = prepared_or_synthetic_corpus(load_config([args.preset], args.common),
+                                               Path(tempfile.mkdtemp(prefix="bench_ab_")))
+    data_dir = [f"data.data_dir={cfg.data.data_dir}"]
+    # Seeded once, before the one tokenizer both settings share: seeding destroys the
+    # tokenizer's TF resource, which a pipeline needs again for each new epoch.
+    keras.utils.set_random_seed(0)
+    tokenizer = SubwordTokenizer.from_file(Path(cfg.data.data_dir) / "spm.model")
+    sides = [Setting(name, own, load_config([args.preset], args.common + data_dir + own),
+                     tokenizer, args.batches) for name, own in (("a", args.a), ("b", args.b))]
+    _time_interleaved(sides, args.rounds, args.steps)
+    pipeline_ms = [side.pipeline_cpu_ms(args.pipeline_skip, args.pipeline_batches)
+                   for side in sides]
+    print(json.dumps(_report(sides, pipeline_ms, args, corpus)))
     return 0
 
 
