@@ -195,22 +195,19 @@ def build(name, m, vocab, jit, policy=None):
     return compiled(model, MaskedLabelSmoothedCrossEntropy(0.1, pad_id=0), jit, m.hidden_dim)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="steps per timed block, small")
-    parser.add_argument("--base-steps", type=int, default=1, help="steps per block, base")
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved timed blocks")
-    args = parser.parse_args()
-    peak = matmul_flops_per_s()
-    shapes = {"small": (32, 32, 32), "base": (8, 32, 32)}  # batch, source, target length
-    # The project's resolved defaults on this machine (train.mixed_precision=auto and
-    # train.jit_compile=auto: mixed_bfloat16 without XLA on CPUs with bf16 units).
-    policy, default_jit = resolve_mixed_precision("auto"), resolve_jit_compile("auto")
+# Batch, source and target length of the random batches, per preset.
+SHAPES = {"small": (32, 32, 32), "base": (8, 32, 32)}
+
+
+def _measure(args, peak: float, policy: str, default_jit: bool):
+    """Both presets, without and with XLA: ours against the tutorial (and, for `small` at the
+    default jit_compile, ours with the project's dtype policy). Returns (rows of the table,
+    target tokens/s by (preset, model, jit))."""
     rows, rate = [], {}
     for preset, steps in (("small", args.steps), ("base", args.base_steps)):
         cfg = load_config([preset])
         m, vocab = cfg.model, cfg.data.vocab_size
-        batch, src, tgt = shapes[preset]
+        batch, src, tgt = SHAPES[preset]
         x, y = features(vocab, batch, src, tgt)
         flops = train_flops(m, vocab, batch, src, tgt)
         for jit in (False, True):
@@ -225,15 +222,12 @@ def main():
                 rows.append((preset, label, jit, sec, batch * tgt / sec, flops / sec / peak))
                 print(f"  measured {preset} {label} jit={jit}: {sec:.3f} s/step", flush=True)
             del models
-    print(f"\nfloat32 matmul rate in this run: {peak / 1e9:.1f} GFLOP/s; {os.cpu_count()} CPU "
-          f"cores; median of {args.rounds} interleaved blocks (small {args.steps} steps, base "
-          f"{args.base_steps}); batch x source x target: {shapes}")
-    print(f"{'preset':<6} {'model':<22} {'jit':<5} {'s/step':>7} {'tgt tok/s':>10} {'MFU':>6}")
-    for preset, name, jit, seconds, tps, mfu in rows:
-        print(f"{preset:<6} {name:<22} {str(jit):<5} {seconds:7.3f} {tps:10.1f} {mfu:6.1%}")
-    print(f"(MFU of the {policy} row is still counted against the float32 matmul rate.)")
+    return rows, rate
+
+
+def _result(rows, rate, peak: float, policy: str, default_jit: bool) -> dict:
     mfu = {(r[0], r[1], r[2]): r[5] for r in rows}
-    result = {
+    return {
         # Project defaults (resolved above); tutorial defaults: float32, no XLA on CPU.
         "speedup_defaults_small": round(rate[("small", "ours-defaults", default_jit)]
                                         / rate[("small", "tutorial", False)], 2),
@@ -249,7 +243,27 @@ def main():
         "mfu_small": round(mfu[("small", "ours", False)], 3),
         "matmul_gflops": round(peak / 1e9, 1),
     }
-    print(json.dumps(result))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="steps per timed block, small")
+    parser.add_argument("--base-steps", type=int, default=1, help="steps per block, base")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timed blocks")
+    args = parser.parse_args()
+    peak = matmul_flops_per_s()
+    # The project's resolved defaults on this machine (train.mixed_precision=auto and
+    # train.jit_compile=auto: mixed_bfloat16 without XLA on CPUs with bf16 units).
+    policy, default_jit = resolve_mixed_precision("auto"), resolve_jit_compile("auto")
+    rows, rate = _measure(args, peak, policy, default_jit)
+    print(f"\nfloat32 matmul rate in this run: {peak / 1e9:.1f} GFLOP/s; {os.cpu_count()} CPU "
+          f"cores; median of {args.rounds} interleaved blocks (small {args.steps} steps, base "
+          f"{args.base_steps}); batch x source x target: {SHAPES}")
+    print(f"{'preset':<6} {'model':<22} {'jit':<5} {'s/step':>7} {'tgt tok/s':>10} {'MFU':>6}")
+    for preset, name, jit, seconds, tps, mfu in rows:
+        print(f"{preset:<6} {name:<22} {str(jit):<5} {seconds:7.3f} {tps:10.1f} {mfu:6.1%}")
+    print(f"(MFU of the {policy} row is still counted against the float32 matmul rate.)")
+    print(json.dumps(_result(rows, rate, peak, policy, default_jit)))
 
 
 if __name__ == "__main__":
