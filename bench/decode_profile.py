@@ -11,7 +11,9 @@ total op time.
     .venv/bin/python bench/decode_profile.py [--preset small] [--weights PATH] [--batches 4]
 
 Prints a table, then (last line) one JSON object: ``ms_per_batch``, ``steps``,
-``ms_per_step``, and ``share_<part>`` for each part.
+``ms_per_step``, and ``share_<part>`` for each part. Without a trained run (``make bench``
+before ``make train``) there is nothing to profile: one line says so, and the JSON object is
+``{"skipped": <why>}``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from aiayn.pipeline.config import load_config, source_limit  # noqa: E402
+from aiayn.pipeline.errors import UserInputError  # noqa: E402
 from aiayn.pipeline.training.artifacts import load_trained_model, read_split  # noqa: E402
 
 # The part of the work an op belongs to, by its name (outside the loop: the encoder) or type;
@@ -103,7 +106,12 @@ def main(argv=None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     cfg = load_config([args.preset])
-    model, tokenizer, path = load_trained_model(cfg, args.weights)
+    try:
+        model, tokenizer, path = load_trained_model(cfg, args.weights)
+    except UserInputError as err:  # e.g. `make bench` before `make train`: nothing to profile
+        print(f"decode_profile: skipped: {err}")
+        print(json.dumps({"skipped": str(err)}))
+        return 0
     sources = [s for s, _ in read_split(cfg, "test")][:args.batches * args.batch]
     limit = source_limit(cfg)
     batches = []
