@@ -101,38 +101,10 @@ def create_pipeline(
     gate = _gate(config)
     data = _data_components(tfx, examples_dir, input_format)
     example_gen, schema_gen = data[0], data[2]
-
-    # The project's training (vocabulary, model.fit, export) as the Trainer's run_fn.
-    trainer = tfx.components.Trainer(
-        run_fn=run_fn,
-        examples=example_gen.outputs["examples"],
-        schema=schema_gen.outputs["schema"],
-        train_args=tfx.proto.TrainArgs(splits=["train"], num_steps=int(train_steps)),
-        eval_args=tfx.proto.EvalArgs(splits=["eval"]),
-        custom_config={"config": _plain(config), "preset": preset,
-                       "overrides": list(overrides)})
-
-    # The last blessed model, from ML Metadata (empty on the first run): the baseline.
-    baseline = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-    ).with_id(RESOLVER_ID)
-    # sacreBLEU of the new model and of the baseline on the eval split -> ModelBlessing.
-    evaluator = components.BleuEvaluator(
-        examples=example_gen.outputs["examples"], model=trainer.outputs["model"],
-        baseline_model=baseline.outputs["model"], **gate)
-    # The served graph in a fresh TensorFlow-only process, warmup replayed -> InfraBlessing.
-    infra_check = components.InfraCheck(model=trainer.outputs["model"])
-
-    # Copies the SavedModel to an integer version directory TF Serving watches, only when
-    # both blessings say blessed (otherwise the PushedModel records pushed = 0).
-    pusher = tfx.components.Pusher(
-        model=trainer.outputs["model"],
-        model_blessing=evaluator.outputs["blessing"],
-        infra_blessing=infra_check.outputs["blessing"],
-        push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=push_dir)))
+    trainer = _trainer(tfx, example_gen, schema_gen, run_fn=run_fn, train_steps=train_steps,
+                       config=config, preset=preset, overrides=overrides)
+    baseline, evaluator, infra_check = _model_checks(tfx, example_gen, trainer, gate)
+    pusher = _pusher(tfx, trainer, evaluator, infra_check, push_dir=push_dir)
     nodes = [*data, trainer, baseline, evaluator, infra_check, pusher]
 
     return tfx.dsl.Pipeline(
@@ -166,6 +138,50 @@ def _data_components(tfx: Any, examples_dir: str, input_format: str) -> list[Any
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
     return [example_gen, statistics_gen, schema_gen, example_validator]
+
+
+def _trainer(tfx: Any, example_gen: Any, schema_gen: Any, *, run_fn: str, train_steps: int,
+             config: Mapping[str, Any], preset: str, overrides: Sequence[str]) -> Any:
+    """The Trainer: the project's training (vocabulary, model.fit, export) as its ``run_fn``."""
+    return tfx.components.Trainer(
+        run_fn=run_fn,
+        examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
+        train_args=tfx.proto.TrainArgs(splits=["train"], num_steps=int(train_steps)),
+        eval_args=tfx.proto.EvalArgs(splits=["eval"]),
+        custom_config={"config": _plain(config), "preset": preset,
+                       "overrides": list(overrides)})
+
+
+def _model_checks(tfx: Any, example_gen: Any, trainer: Any, gate: Mapping[str, Any]) -> list[Any]:
+    """The baseline Resolver, BleuEvaluator and InfraCheck of the Trainer's model, in that order
+    (``gate``: the BleuEvaluator's parameters, from :func:`_gate`)."""
+    from aiayn.pipeline.tfx import components
+
+    # The last blessed model, from ML Metadata (empty on the first run): the baseline.
+    baseline = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id(RESOLVER_ID)
+    # sacreBLEU of the new model and of the baseline on the eval split -> ModelBlessing.
+    evaluator = components.BleuEvaluator(
+        examples=example_gen.outputs["examples"], model=trainer.outputs["model"],
+        baseline_model=baseline.outputs["model"], **gate)
+    # The served graph in a fresh TensorFlow-only process, warmup replayed -> InfraBlessing.
+    infra_check = components.InfraCheck(model=trainer.outputs["model"])
+    return [baseline, evaluator, infra_check]
+
+
+def _pusher(tfx: Any, trainer: Any, evaluator: Any, infra_check: Any, *, push_dir: str) -> Any:
+    """The Pusher: copies the SavedModel to an integer version directory TF Serving watches, only
+    when both blessings say blessed (otherwise the PushedModel records pushed = 0)."""
+    return tfx.components.Pusher(
+        model=trainer.outputs["model"],
+        model_blessing=evaluator.outputs["blessing"],
+        infra_blessing=infra_check.outputs["blessing"],
+        push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=push_dir)))
 
 
 def _gate(config: Mapping[str, Any]) -> dict[str, Any]:

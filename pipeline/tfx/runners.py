@@ -115,15 +115,9 @@ def run_local(cfg: Config, *, examples_dir: str | None = None, input_format: str
     paths = default_paths(cfg, tfx_dir)
     examples_dir = examples_dir or paths["examples_dir"]
     push = Path(push_dir or paths["push_dir"])
-    for split in ("train", "eval"):
-        if not (Path(examples_dir) / split).is_dir():
-            raise UserInputError(f"{examples_dir}/{split}/ not found: write the ExampleGen input "
-                                 "first with `aiayn tfx-data` (same --preset/--set).")
-    Path(paths["metadata_path"]).parent.mkdir(parents=True, exist_ok=True)
+    _require_examples(examples_dir)
+    connection, last_id = _open_metadata(tfx, paths["metadata_path"])
     before = _versions(push)
-    connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(
-        str(Path(paths["metadata_path"]).resolve()))
-    last_id = _last_artifact_id(connection)
     pipeline = build_pipeline(
         cfg, examples_dir=str(Path(examples_dir).resolve()),
         pipeline_root=str(Path(paths["pipeline_root"]).resolve()), push_dir=str(push.resolve()),
@@ -139,29 +133,73 @@ def run_local(cfg: Config, *, examples_dir: str | None = None, input_format: str
                               "infra": outcome["infra"], "seconds": seconds,
                               "examples_dir": examples_dir, "push_dir": str(push), **{
                                   k: paths[k] for k in ("pipeline_root", "metadata_path")}}
+    pushed = _pushed_version(push, new, outcome)
+    if pushed is None:
+        return result
+    result["pushed_dir"] = str(pushed)
+    result.update(_serve_pushed(cfg, push, pushed, verify))
+    return result
+
+
+def _require_examples(examples_dir: str) -> None:
+    """Raises a :class:`UserInputError` unless the ExampleGen input has both splits."""
+    for split in ("train", "eval"):
+        if not (Path(examples_dir) / split).is_dir():
+            raise UserInputError(f"{examples_dir}/{split}/ not found: write the ExampleGen input "
+                                 "first with `aiayn tfx-data` (same --preset/--set).")
+
+
+def _open_metadata(tfx: Any, metadata_path: str) -> tuple[Any, int]:
+    """The SQLite ML Metadata connection (its directory made) and the store's last artifact id,
+    which marks where this run's own artifacts start."""
+    Path(metadata_path).parent.mkdir(parents=True, exist_ok=True)
+    connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(
+        str(Path(metadata_path).resolve()))
+    return connection, _last_artifact_id(connection)
+
+
+def _pushed_version(push: Path, new: list[int], outcome: dict[str, Any]) -> Path | None:
+    """The version directory this run pushed; None (saying why) when it pushed nothing.
+
+    Args:
+      push: the Pusher's destination.
+      new: the version numbers that appeared there during the run, ascending.
+      outcome: :func:`run_outcome` of the run.
+
+    Raises:
+      UserInputError: a blessed model that the Pusher did not write, or a push without both
+        blessings.
+    """
     if not new:
         if outcome["blessed"]:
             raise UserInputError(f"The model was blessed ({outcome['reason']}) but the Pusher "
                                  f"wrote no new version under {push}.")
         # Not blessed: the run ended as designed; say why, push nothing, verify nothing.
         print(f"tfx-run: nothing pushed: {outcome['reason']}", file=sys.stderr, flush=True)
-        return result
+        return None
     if not outcome["blessed"]:  # the Pusher checks both blessings; this would be a TFX bug
         raise UserInputError(f"The Pusher wrote {push / str(new[-1])} although the model was not "
                              f"blessed ({outcome['reason']}); do not serve it.")
-    pushed = push / str(new[-1])
-    result["pushed_dir"] = str(pushed)
+    return push / str(new[-1])
+
+
+def _serve_pushed(cfg: Config, push: Path, pushed: Path, verify: bool) -> dict[str, Any]:
+    """Readies the pushed version for TF Serving; ``{"verify": summary}`` when verified, else {}.
+
+    Raises:
+      aiayn.export.verify.VerificationError: the pushed model failed verification.
+    """
     # models.config / batching_parameters.txt beside the versions, as `aiayn export` writes.
     from aiayn.export.saved_model import write_server_configs
 
     write_server_configs(push.parent, push.name, cfg.export.max_batch_size)
-    if verify:
-        from aiayn.export.verify import verify_export
+    if not verify:
+        return {}
+    from aiayn.export.verify import verify_export
 
-        report = verify_export(pushed)
-        report.raise_if_failed()
-        result["verify"] = report.summary()
-    return result
+    report = verify_export(pushed)
+    report.raise_if_failed()
+    return {"verify": report.summary()}
 
 
 def _store(connection: Any) -> Any:
