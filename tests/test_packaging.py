@@ -132,9 +132,8 @@ def _source_files(root: Path, pattern: str) -> set[str]:
     return files
 
 
-def test_wheel_installs_and_imports_on_its_own(tmp_path):
-    # 1. Build from a copy of the build inputs.
-    src = tmp_path / "src"
+def _copy_build_inputs(src: Path) -> Path:
+    """pyproject.toml, README.md, the license and the package folders, without build debris."""
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
@@ -143,54 +142,95 @@ def test_wheel_installs_and_imports_on_its_own(tmp_path):
     for folder in PACKAGE_DIRS:
         shutil.copytree(REPO / folder, src / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    dist = tmp_path / "dist"
+    return src
+
+
+def _build_wheel(src: Path, dist: Path) -> Path:
+    """`pip wheel` of `src` into `dist`; fails on any setuptools warning."""
     log = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *_build_isolation_args(),
-                "-w", dist, src], cwd=tmp_path)
+                "-w", dist, src], cwd=dist.parent)
     warnings = [line for line in log.splitlines() if SETUPTOOLS_WARNING.search(line)]
     assert not warnings, "setuptools warned while building the wheel:\n" + log
     (wheel,) = dist.glob("aiayn-*.whl")
+    return wheel
 
-    # 2. The wheel against the source folders.
+
+def _wheel_contents(wheel: Path) -> tuple[list[str], str]:
+    """The wheel's file names and its METADATA text."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = next(archive.read(n).decode() for n in names
                         if n.endswith(".dist-info/METADATA"))
-    payload = {n for n in names if n.startswith("aiayn/") and not n.endswith("/")}
-    expected_py = _source_files(src, "*.py")
-    assert {n for n in payload if n.endswith(".py")} == expected_py
+    return names, metadata
+
+
+def _package_data(src: Path) -> set[str]:
+    """Wheel paths of the DATA_GLOBS files; each glob must match something."""
     expected_data = set()
     for pattern in DATA_GLOBS:
         matches = {"aiayn/" + p.relative_to(src).as_posix() for p in src.glob(pattern)}
         assert matches, f"no source files match {pattern}"
         expected_data |= matches
-    assert payload == expected_py | expected_data, "unexpected files in the wheel"
+    return expected_data
+
+
+def _install_into_fresh_venv(wheel: Path, venv: Path) -> tuple[Path, Path]:
+    """A venv holding only the wheel, its dependencies reached through a .pth to this
+    environment's site-packages; returns its scripts folder and its purelib."""
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=venv.parent)
+    bindir = venv / ("Scripts" if os.name == "nt" else "bin")
+    python = _python_in(bindir)
+    get_purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = Path(_run([python, "-I", "-c", get_purelib], cwd=venv.parent).strip())
+    # Installed before the .pth exists, so pip sees no other aiayn to uninstall.
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
+          "--no-compile", wheel], cwd=venv.parent)
+    dependency_dirs = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
+    (purelib / "_aiayn_test_dependencies.pth").write_text("\n".join(dependency_dirs) + "\n")
+    return bindir, purelib
+
+
+def _python_in(bindir: Path) -> Path:
+    return bindir / ("python.exe" if os.name == "nt" else "python")
+
+
+def _import_report(bindir: Path, purelib: Path, cwd: Path) -> dict:
+    """_CHECK_INSTALLED's report, from the venv's Python run in isolated mode in `cwd`."""
+    out = _run([_python_in(bindir), "-I", "-c", _CHECK_INSTALLED, purelib], cwd=cwd)
+    return json.loads(out.rsplit("REPORT ", 1)[1])
+
+
+def _module_names(wheel_py_files: set[str]) -> set[str]:
+    """aiayn/x/__init__.py -> aiayn.x, aiayn/x/y.py -> aiayn.x.y."""
+    return {re.sub(r"(/__init__)?\.py$", "", n).replace("/", ".") for n in wheel_py_files}
+
+
+def test_wheel_installs_and_imports_on_its_own(tmp_path):
+    # 1. Build from a copy of the build inputs.
+    src = _copy_build_inputs(tmp_path / "src")
+    wheel = _build_wheel(src, tmp_path / "dist")
+
+    # 2. The wheel against the source folders.
+    names, metadata = _wheel_contents(wheel)
+    payload = {n for n in names if n.startswith("aiayn/") and not n.endswith("/")}
+    expected_py = _source_files(src, "*.py")
+    assert {n for n in payload if n.endswith(".py")} == expected_py
+    assert payload == expected_py | _package_data(src), "unexpected files in the wheel"
     assert "License-Expression: Apache-2.0" in metadata
     outside = [n for n in names if not n.startswith("aiayn/") and ".dist-info/" not in n]
     assert not outside, f"files outside aiayn/ in the wheel: {outside}"
 
     # 3. A fresh venv holding only the wheel; dependencies via a .pth to this environment.
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
-    bindir = venv / ("Scripts" if os.name == "nt" else "bin")
-    python = bindir / ("python.exe" if os.name == "nt" else "python")
-    get_purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    purelib = Path(_run([python, "-I", "-c", get_purelib], cwd=tmp_path).strip())
-    # Installed before the .pth exists, so pip sees no other aiayn to uninstall.
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
-          "--no-compile", wheel], cwd=tmp_path)
-    dependency_dirs = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
-    (purelib / "_aiayn_test_dependencies.pth").write_text("\n".join(dependency_dirs) + "\n")
+    bindir, purelib = _install_into_fresh_venv(wheel, tmp_path / "venv")
 
     # 4. Import everything from the installed tree, outside the repository.
-    out = _run([python, "-I", "-c", _CHECK_INSTALLED, purelib], cwd=tmp_path)
-    report = json.loads(out.rsplit("REPORT ", 1)[1])
+    report = _import_report(bindir, purelib, cwd=tmp_path)
     assert not report["editable_hooks"], report["editable_hooks"]
     unexpected = {k: v for k, v in report["failures"].items() if k not in EXPECTED_IMPORT_FAILURES}
     assert not unexpected, "modules that do not import from the wheel:\n" + "\n".join(
         f"--- {name}\n{tb}" for name, tb in unexpected.items())
     assert not report["outside"], f"imported from outside the wheel: {report['outside']}"
-    wheel_modules = {re.sub(r"(/__init__)?\.py$", "", n).replace("/", ".") for n in expected_py}
-    assert set(report["modules"]) | set(report["failures"]) == wheel_modules
+    assert set(report["modules"]) | set(report["failures"]) == _module_names(expected_py)
     assert set(report["presets"]) == {p.stem for p in src.glob("pipeline/presets/*.yaml")}
 
     help_text = _run([bindir / "aiayn", "--help"], cwd=tmp_path)

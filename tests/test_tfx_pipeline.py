@@ -93,8 +93,45 @@ def gated_runs(tfx_env, tmp_path_factory, toy_pairs):
             "worse_stderr": worse.stderr, "versions_after_good": versions_after_good}
 
 
-def test_pipeline_pushes_a_blessed_model(gated_runs):
+def _assert_blessed_by_the_floor_alone(evaluation: dict) -> None:
+    """BLEU/chrF with signatures on the eval split, blessed by the floor alone (the first run
+    has no baseline); recorded in ML Metadata and in the artifact."""
+    assert evaluation["blessed"] is True and "baseline_model_id" not in evaluation
+    assert evaluation["bleu"] >= 10.0 > evaluation["bleu_floor"] == 1.0, evaluation
+    assert evaluation["eval_sentences"] == 6 and evaluation["chrf"] > 0
+    assert evaluation["bleu_signature"].startswith("nrefs:1|") and evaluation["current_model_id"]
+    assert "|tok:13a|" in evaluation["bleu_signature"] and evaluation["bleu_tokenize"] == "13a"
+    assert evaluation["reason"].startswith("blessed: BLEU") and "no blessed model" in \
+        evaluation["reason"]
+    blessing_dir = Path(evaluation["uri"])
+    assert (blessing_dir / "BLESSED").exists()
+    assert json.loads((blessing_dir / "evaluation.json").read_text())["bleu"] == evaluation["bleu"]
+
+
+def _assert_every_component_recorded(report: dict) -> None:
+    """Every component ran and recorded its execution in the SQLite ML Metadata store."""
+    pipeline_root = Path(report["pipeline_root"])
+    for component in ("ImportExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
+                      "Trainer", "BleuEvaluator", "InfraCheck", "Pusher"):
+        assert (pipeline_root / component).is_dir(), component
+    assert list((pipeline_root / "ImportExampleGen").rglob("Split-train/*.gz"))
+    assert list((pipeline_root / "SchemaGen").rglob("schema.pbtxt"))
+    assert Path(report["metadata_path"]).stat().st_size > 0
+
+
+def _translate_on_host(export_dir: Path) -> list[str]:
+    """Two toy sentences through the export's serving signature, loaded by this process'
+    TensorFlow; their scores must be finite."""
     import tensorflow as tf
+
+    served = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+    out = served(text=tf.constant(["I love you.", "Peace be with you."]))
+    translations = [t.decode("utf-8") for t in out["translation"].numpy()]
+    assert len(translations) == 2 and all(math.isfinite(float(s)) for s in out["score"].numpy())
+    return translations
+
+
+def test_pipeline_pushes_a_blessed_model(gated_runs):
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the export uses)
 
     from aiayn.export.verify import verify_export
@@ -107,41 +144,19 @@ def test_pipeline_pushes_a_blessed_model(gated_runs):
     assert report["verify"]["ok"], report["verify"]
     assert (root / "exports" / "models.config").exists()
 
-    # The evaluation: BLEU/chrF with signatures on the eval split, blessed by the floor alone
-    # (the first run has no baseline); recorded in ML Metadata and in the artifact.
     evaluation = report["evaluation"]
-    assert evaluation["blessed"] is True and "baseline_model_id" not in evaluation
-    assert evaluation["bleu"] >= 10.0 > evaluation["bleu_floor"] == 1.0, evaluation
-    assert evaluation["eval_sentences"] == 6 and evaluation["chrf"] > 0
-    assert evaluation["bleu_signature"].startswith("nrefs:1|") and evaluation["current_model_id"]
-    assert "|tok:13a|" in evaluation["bleu_signature"] and evaluation["bleu_tokenize"] == "13a"
-    assert evaluation["reason"].startswith("blessed: BLEU") and "no blessed model" in \
-        evaluation["reason"]
-    blessing_dir = Path(evaluation["uri"])
-    assert (blessing_dir / "BLESSED").exists()
-    assert json.loads((blessing_dir / "evaluation.json").read_text())["bleu"] == evaluation["bleu"]
+    _assert_blessed_by_the_floor_alone(evaluation)
     # The infra check: fresh TensorFlow-only process, warmup replayed, samples answered.
     infra = report["infra"]
     assert infra["blessed"] is True and infra["warmup_requests"] > 0 and infra["samples"] > 0
     assert (Path(infra["uri"]) / "INFRA_BLESSED").exists()
     assert report["reason"] == f"{evaluation['reason']}; {infra['reason']}"
-
-    # Every component ran and recorded its execution in the SQLite ML Metadata store.
-    pipeline_root = Path(report["pipeline_root"])
-    for component in ("ImportExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
-                      "Trainer", "BleuEvaluator", "InfraCheck", "Pusher"):
-        assert (pipeline_root / component).is_dir(), component
-    assert list((pipeline_root / "ImportExampleGen").rglob("Split-train/*.gz"))
-    assert list((pipeline_root / "SchemaGen").rglob("schema.pbtxt"))
-    assert Path(report["metadata_path"]).stat().st_size > 0
+    _assert_every_component_recorded(report)
 
     # The host's TensorFlow: verifier in a fresh process, then a translation.
     host_report = verify_export(pushed)
     assert host_report.ok, host_report.problems
-    served = tf.saved_model.load(str(pushed)).signatures["serving_default"]
-    out = served(text=tf.constant(["I love you.", "Peace be with you."]))
-    translations = [t.decode("utf-8") for t in out["translation"].numpy()]
-    assert len(translations) == 2 and all(math.isfinite(float(s)) for s in out["score"].numpy())
+    translations = _translate_on_host(pushed)
     print("pushed model translates:", translations)
     assert any(translations), f"the pushed model translates to nothing: {translations}"
 

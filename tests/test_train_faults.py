@@ -152,12 +152,94 @@ def _temporaries(run_dir):
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if ".tmp" in p.name)
 
 
-def test_killed_anywhere_the_same_command_still_ends_with_the_uninterrupted_weights(
-        script, fault_data, reference, tmp_path, capsys):
+def _train_state(run_dir) -> dict:
+    return json.loads((run_dir / "train_state.json").read_text())
+
+
+def _refused_rerun(run_dir, capsys) -> str:
+    """`aiayn train` on the run directory once more: exit 2; returns its stderr, stripped."""
     from aiayn.pipeline import cli
+
+    assert cli.main(["train", "--preset", "tiny", "--set", f"train.run_dir={run_dir}"]) == 2
+    return capsys.readouterr().err.strip()
+
+
+def _wait_for_a_backup(attempt: Attempt, run_dir) -> None:
+    """Polls until the attempt, still running, has written its first epoch's backup."""
+    deadline = time.monotonic() + 240
+    while _backup_epoch(run_dir) < 1:
+        assert attempt.proc.poll() is None and time.monotonic() < deadline, \
+            attempt.output[-3000:]
+        time.sleep(0.05)
+
+
+def _assert_the_run_dir_is_taken_by(pid: int, run_dir, capsys) -> None:
+    """Both the lock itself and a second `aiayn train` refuse the directory, naming `pid`."""
     from aiayn.pipeline.fileio import LockHeld, hold_lock
+
+    with pytest.raises(LockHeld, match=f"in use by pid {pid} on host"):
+        with hold_lock(run_dir / "train.lock", "x"):
+            pass
+    err = _refused_rerun(run_dir, capsys)
+    assert len(err.splitlines()) == 1 and f"pid {pid}" in err, err
+
+
+def _assert_interrupted_with_a_backup(output: str, run_dir) -> None:
+    assert "training interrupted (SIGTERM)" in output, output[-3000:]
+    state = _train_state(run_dir)
+    assert state["status"] == state["summary"]["end_state"] == "interrupted"
+    assert state["summary"]["resume_from_step"] >= 3 and _backup_epoch(run_dir) >= 1
+
+
+# Attempts 2-5 of the chain: (kind, AIAYN_FAULT) or ("random", kill within seconds). The
+# metadata fault follows an attempt that leaves the backup whole (killed in a checkpoint write):
+# after a random kill, the start-up repair may itself write training_metadata.json (copying the
+# .bkp state back) and take the fault there instead.
+KILLS = [("fault", "write:ckpt-*.weights.h5@1"), ("fault", "write:training_metadata.json@1"),
+         ("random", 1.0), ("fault", "write:final.weights.h5@1")]
+
+
+def _run_until_killed(script, run_dir, overrides, rng, kind, arg) -> str:
+    """One attempt of the chain, ended by SIGKILL (a fault point or a random moment); its
+    output."""
+    if kind == "fault":
+        attempt = Attempt(script, run_dir, overrides, AIAYN_FAULT=arg)
+    else:
+        attempt = Attempt(script, run_dir, overrides, AIAYN_TEST_BATCH_DELAY="0.1")
+        attempt.kill_at_random(rng, arg)
+    code = attempt.wait()
+    assert code == -signal.SIGKILL, f"{kind} {arg}: exit {code}\n" + attempt.output[-3000:]
+    return attempt.output
+
+
+def _assert_left_half_written(arg, run_dir) -> None:
+    """What a kill inside the write `arg` names leaves behind, for the next attempt to repair."""
     from aiayn.pipeline.training.checkpoints import check_state
 
+    if arg == "write:ckpt-*.weights.h5@1":
+        assert [t for t in _temporaries(run_dir) if t.startswith("checkpoints/")]
+    if arg == "write:training_metadata.json@1":  # new weights, old metadata
+        assert check_state(run_dir / "backup")[0] is None
+        assert check_state(run_dir / "backup", ".bkp")[0] is not None
+    if arg == "write:final.weights.h5@1":
+        assert not (run_dir / "final.weights.h5").exists() and _temporaries(run_dir)
+
+
+def _assert_same_run_as(reference, run_dir) -> None:
+    """The same weights, checkpoints and history as the uninterrupted run; no leftovers."""
+    assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5",
+                        run_dir / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5")
+    assert_same_weights(reference / "final.weights.h5", run_dir / "final.weights.h5")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
+        sorted(p.name for p in (reference / "checkpoints").iterdir())
+    assert _temporaries(run_dir) == [] and not (run_dir / "backup").exists()
+    steps = [r["step"] for r in json.loads((run_dir / "history.json").read_text())["rows"]]
+    assert steps == sorted(set(steps)) and steps[-1] == STEPS
+    assert _train_state(run_dir)["status"] == "complete"
+
+
+def test_killed_anywhere_the_same_command_still_ends_with_the_uninterrupted_weights(
+        script, fault_data, reference, tmp_path, capsys):
     run_dir = tmp_path / "run"
     overrides = _overrides(fault_data)
     rng = random.Random(SEED)
@@ -166,48 +248,18 @@ def test_killed_anywhere_the_same_command_still_ends_with_the_uninterrupted_weig
     # 1. SIGTERM after the first backup: recorded as interrupted, the backup kept. While it
     #    runs, a second run on the directory is refused, naming it.
     first = Attempt(script, run_dir, overrides, AIAYN_TEST_BATCH_DELAY="0.3")
-    deadline = time.monotonic() + 240
-    while _backup_epoch(run_dir) < 1:
-        assert first.proc.poll() is None and time.monotonic() < deadline, first.output[-3000:]
-        time.sleep(0.05)
-    with pytest.raises(LockHeld, match=f"in use by pid {first.proc.pid} on host"):
-        with hold_lock(run_dir / "train.lock", "x"):
-            pass
-    assert cli.main(["train", "--preset", "tiny", "--set", f"train.run_dir={run_dir}"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"pid {first.proc.pid}" in err, err
+    _wait_for_a_backup(first, run_dir)
+    _assert_the_run_dir_is_taken_by(first.proc.pid, run_dir, capsys)
     time.sleep(rng.uniform(0.0, 0.5))
     os.kill(first.proc.pid, signal.SIGTERM)
     assert first.wait() != 0
-    assert "training interrupted (SIGTERM)" in first.output, first.output[-3000:]
-    state = json.loads((run_dir / "train_state.json").read_text())
-    assert state["status"] == state["summary"]["end_state"] == "interrupted"
-    assert state["summary"]["resume_from_step"] >= 3 and _backup_epoch(run_dir) >= 1
+    _assert_interrupted_with_a_backup(first.output, run_dir)
 
-    # 2-5: each killed differently; each resumes from what the previous one left. The metadata
-    #    fault follows an attempt that leaves the backup whole (killed in a checkpoint write):
-    #    after a random kill, the start-up repair may itself write training_metadata.json
-    #    (copying the .bkp state back) and take the fault there instead.
-    kills = [("fault", "write:ckpt-*.weights.h5@1"),
-             ("fault", "write:training_metadata.json@1"), ("random", 1.0),
-             ("fault", "write:final.weights.h5@1")]
+    # 2-5: each killed differently (KILLS); each resumes from what the previous one left.
     outputs = []
-    for kind, arg in kills:
-        if kind == "fault":
-            attempt = Attempt(script, run_dir, overrides, AIAYN_FAULT=arg)
-        else:
-            attempt = Attempt(script, run_dir, overrides, AIAYN_TEST_BATCH_DELAY="0.1")
-            attempt.kill_at_random(rng, arg)
-        code = attempt.wait()
-        assert code == -signal.SIGKILL, f"{kind} {arg}: exit {code}\n" + attempt.output[-3000:]
-        outputs.append(attempt.output)
-        if arg == "write:ckpt-*.weights.h5@1":
-            assert [t for t in _temporaries(run_dir) if t.startswith("checkpoints/")]
-        if arg == "write:training_metadata.json@1":  # new weights, old metadata
-            assert check_state(run_dir / "backup")[0] is None
-            assert check_state(run_dir / "backup", ".bkp")[0] is not None
-        if arg == "write:final.weights.h5@1":
-            assert not (run_dir / "final.weights.h5").exists() and _temporaries(run_dir)
+    for kind, arg in KILLS:
+        outputs.append(_run_until_killed(script, run_dir, overrides, rng, kind, arg))
+        _assert_left_half_written(arg, run_dir)
     assert "resuming from step" in outputs[0]
     assert "taking over the lock of pid" in outputs[1]  # the first SIGKILL left it
     assert "resuming from the previous one" in outputs[2]  # the backup fell back to .bkp
@@ -216,15 +268,7 @@ def test_killed_anywhere_the_same_command_still_ends_with_the_uninterrupted_weig
     last = Attempt(script, run_dir, overrides)
     assert last.wait() == 0, last.output[-3000:]
     assert f'"steps": {STEPS}, "end_state": "complete"' in last.output
-    assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5",
-                         run_dir / "checkpoints" / f"ckpt-{STEPS:08d}.weights.h5")
-    assert_same_weights(reference / "final.weights.h5", run_dir / "final.weights.h5")
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
-        sorted(p.name for p in (reference / "checkpoints").iterdir())
-    assert _temporaries(run_dir) == [] and not (run_dir / "backup").exists()
-    steps = [r["step"] for r in json.loads((run_dir / "history.json").read_text())["rows"]]
-    assert steps == sorted(set(steps)) and steps[-1] == STEPS
-    assert json.loads((run_dir / "train_state.json").read_text())["status"] == "complete"
+    _assert_same_run_as(reference, run_dir)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,20 +303,45 @@ def restore_policy():
     keras.mixed_precision.set_global_policy(policy)
 
 
-def test_a_nan_loss_under_mixed_float16_ends_diverged_and_keeps_the_good_checkpoints(
-        fault_data, tmp_path, capsys, restore_policy):
-    from aiayn.pipeline import cli
+def _nan_config(fault_data, run_dir):
+    """Checkpoints every 2 steps, so that step 4's is the last good one before step 5's NaN."""
     from aiayn.pipeline.config import load_config
-    from aiayn.pipeline.errors import UserInputError
-    from aiayn.pipeline.training.artifacts import list_checkpoints
-    from aiayn.pipeline.training.checkpoints import restored_epoch
-    from aiayn.pipeline.training.train import train
 
-    run_dir = tmp_path / "run"
-    cfg = load_config(["tiny"], [f"train.run_dir={run_dir}"] + _overrides(
+    return load_config(["tiny"], [f"train.run_dir={run_dir}"] + _overrides(
         fault_data, **{"train.steps": 9, "train.mixed_precision": "mixed_float16",
                        "train.checkpoint_every": 2,
                        "train.deterministic": "false"}))
+
+
+def _assert_recorded_as_diverged_at_step_5(run_dir, ckpt4) -> None:
+    state = _train_state(run_dir)
+    summary = state["summary"]
+    assert state["status"] == summary["end_state"] == "diverged"
+    assert summary["stop_reason"] == "nan" and summary["mixed_precision"] == "mixed_float16"
+    assert summary["diverged_at_step"] == 5 and summary["last_good_step"] == 4
+    assert summary["last_good_checkpoint"] == str(ckpt4) and summary["resume_from_step"] == 3
+
+
+def _assert_nothing_kept_from_step_5_on(run_dir, ckpt4) -> None:
+    """No checkpoint after it, no final weights, no backup of its epoch; the weights kept are
+    finite."""
+    from aiayn.pipeline.training.artifacts import list_checkpoints
+    from aiayn.pipeline.training.checkpoints import restored_epoch
+
+    assert [s for s, _ in list_checkpoints(run_dir / "checkpoints")] == [2, 4]
+    assert not (run_dir / "final.weights.h5").exists()
+    assert restored_epoch(run_dir / "backup") == 1
+    assert all(np.isfinite(v).all() for v in read_weights(ckpt4).values()
+               if np.issubdtype(np.asarray(v).dtype, np.floating))
+
+
+def test_a_nan_loss_under_mixed_float16_ends_diverged_and_keeps_the_good_checkpoints(
+        fault_data, tmp_path, capsys, restore_policy):
+    from aiayn.pipeline.errors import UserInputError
+    from aiayn.pipeline.training.train import train
+
+    run_dir = tmp_path / "run"
+    cfg = _nan_config(fault_data, run_dir)
     with pytest.raises(UserInputError) as err:
         train(cfg, extra_callbacks=[_NanLossAt(4)])  # batch 4: step 5's loss
     message = str(err.value)
@@ -280,24 +349,12 @@ def test_a_nan_loss_under_mixed_float16_ends_diverged_and_keeps_the_good_checkpo
     assert message.startswith("Training diverged: the loss was nan at step 5")
     assert f"The last good checkpoint is {ckpt4} (step 4" in message
     assert "fresh train.run_dir" in message and "train.learning_rate_scale" in message
-    state = json.loads((run_dir / "train_state.json").read_text())
-    summary = state["summary"]
-    assert state["status"] == summary["end_state"] == "diverged"
-    assert summary["stop_reason"] == "nan" and summary["mixed_precision"] == "mixed_float16"
-    assert summary["diverged_at_step"] == 5 and summary["last_good_step"] == 4
-    assert summary["last_good_checkpoint"] == str(ckpt4) and summary["resume_from_step"] == 3
-    # Nothing from the bad step on: no checkpoint after it, no final weights, no backup of its
-    # epoch; the weights kept are finite.
-    assert [s for s, _ in list_checkpoints(run_dir / "checkpoints")] == [2, 4]
-    assert not (run_dir / "final.weights.h5").exists()
-    assert restored_epoch(run_dir / "backup") == 1
-    assert all(np.isfinite(v).all() for v in read_weights(ckpt4).values()
-               if np.issubdtype(np.asarray(v).dtype, np.floating))
+    _assert_recorded_as_diverged_at_step_5(run_dir, ckpt4)
+    _assert_nothing_kept_from_step_5_on(run_dir, ckpt4)
 
     # A re-run does not return quietly: one line, exit 2, what to do.
     capsys.readouterr()
-    assert cli.main(["train", "--preset", "tiny", "--set", f"train.run_dir={run_dir}"]) == 2
-    line = capsys.readouterr().err.strip()
+    line = _refused_rerun(run_dir, capsys)
     assert len(line.splitlines()) == 1 and "diverged (non-finite loss at step 5)" in line
     assert str(ckpt4) in line
 
