@@ -248,7 +248,8 @@ class Throughput(keras.callbacks.Callback):
     def result(self):
         steps = self.steps - self.warmup_steps
         return {"tokens_per_s": self.tokens / self.elapsed, "steps": steps,
-                "steps_per_s": steps / self.elapsed, "seconds": self.elapsed}
+                "steps_per_s": steps / self.elapsed, "seconds": self.elapsed,
+                "tokens": self.tokens}
 
 
 def _fit(model, dataset, warmup_steps, seconds):
@@ -269,9 +270,8 @@ def interleaved(candidates: dict, rounds: int, warmup_steps: int, seconds: float
         for name in names if r % 2 == 0 else names[::-1]:
             model, dataset = candidates[name]
             one = _fit(model, dataset, warmup_steps, seconds / rounds)
-            totals[name]["tokens"] += one["tokens_per_s"] * one["seconds"]
-            totals[name]["steps"] += one["steps"]
-            totals[name]["seconds"] += one["seconds"]
+            for key in totals[name]:
+                totals[name][key] += one[key]
         print(f"# round {r + 1}/{rounds} done", flush=True)
     return {name: {"tokens_per_s": t["tokens"] / t["seconds"], "steps": t["steps"],
                    "steps_per_s": t["steps"] / t["seconds"], "seconds": t["seconds"]}
