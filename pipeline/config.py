@@ -24,7 +24,7 @@ export settings, the source limit). A leading ``~`` of a path setting (``data.co
 ``data.dev_corpus``, ``data.test_corpus``, ``data.data_dir``, ``train.run_dir``,
 ``export.base_dir``) is expanded once, here; ``bible``, ``tfds:<name>`` and globs are kept.
 
-Why one module of about 650 lines: it is the configuration's schema, and each field's type,
+Why one module of about 800 lines: it is the configuration's schema, and each field's type,
 default, valid range and cross-field rule are read together here; split, a field and its bounds
 would live in different files and drift.
 """
